@@ -1,0 +1,64 @@
+"""From a run's data settings to an example stream: synthetic recall (default), a text corpus, or a mixture."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from tokenizers import Tokenizer
+
+from phasekv.data.corpus import TextStream, build_shards
+from phasekv.data.recall import RecallConfig, RecallStream
+from phasekv.data.stream import MixtureStream, Stream
+from phasekv.data.tokenizer import build_word_tokenizer, load_tokenizer
+from phasekv.errors import ConfigError
+
+
+@dataclass
+class DataConfig:
+    data: str = "recall"  # "recall", or corpus files / directories / globs (comma-separated)
+    tokenizer: str | None = None  # tokenizer.json or HF dir; default: the word tokenizer (recall only)
+    recall_mix: float = 0.0  # with a corpus: fraction of sequences that are synthetic recall
+    recall: RecallConfig = field(default_factory=RecallConfig)  # recall layout (seq_len is the run's)
+    cache_dir: str | None = None  # token shard cache (default ~/.cache/phasekv/shards)
+    workers: int = 0  # tokenizer processes (0 = one per CPU)
+    val_fraction: float = 0.01  # held-out tail of every shard
+
+    @property
+    def is_recall(self) -> bool:
+        return self.data == "recall"
+
+    def __post_init__(self):
+        if isinstance(self.recall, dict):
+            self.recall = RecallConfig.from_dict(self.recall)
+        if not 0 <= self.recall_mix <= 1:
+            raise ConfigError(f"recall_mix must be in [0, 1], got {self.recall_mix}")
+        if self.recall_mix and self.is_recall:
+            raise ConfigError("recall_mix needs a text corpus in --data (recall alone is the default data)")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def data_tokenizer(cfg: DataConfig) -> Tokenizer:
+    """The run's tokenizer: `--tokenizer` when given, else the word tokenizer (recall data only)."""
+    if cfg.tokenizer:
+        return load_tokenizer(cfg.tokenizer)
+    if not cfg.is_recall:
+        raise ConfigError("a text corpus needs --tokenizer (an existing tokenizer.json, or train one with "
+                          "`phasekv tokenizer train CORPUS --out tokenizer.json`)")
+    return build_word_tokenizer()
+
+
+def build_stream(cfg: DataConfig, tok: Tokenizer, seq_len: int, seed: int, split: str = "train",
+                 progress: bool = True) -> Stream:
+    """The example stream of a run for `split` ("train", "val" or "probe")."""
+    rcfg = RecallConfig.from_dict({**cfg.recall.to_dict(), "seq_len": seq_len})
+    if cfg.is_recall:
+        return RecallStream(tok, rcfg, seed=seed, split=split)
+    shards = build_shards(cfg.data, tok, cfg.cache_dir, cfg.workers or None, progress=progress)
+    text = TextStream(shards, seq_len, seed=seed, split="val" if split == "probe" else split,
+                      val_fraction=cfg.val_fraction)
+    if not cfg.recall_mix:
+        return text
+    recall = RecallStream(tok, rcfg, seed=seed, split=split)
+    return MixtureStream([text, recall], [1 - cfg.recall_mix, cfg.recall_mix], seed=seed, split=split)
