@@ -1,0 +1,150 @@
+"""Attention of one layer: Qwen3 projections, QK-norm, RoPE, GQA; optionally over compressed entries.
+
+A compressed layer runs ONE softmax over the union of its visible compressed entries and its exact
+tokens (local window or uncompressed tail); `positions.Grid` decides visibility.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from phasekv.attention.cache import CompressedLayerCache, FullLayerCache
+from phasekv.attention.compressor import Compressor, Partial
+from phasekv.attention.norm import RMSNorm
+from phasekv.attention.positions import Grid
+from phasekv.attention.rope import apply_rope
+from phasekv.model.config import ModelConfig
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Reference masked attention. q (B, H, Tq, D); k, v (B, n_kv, N, D); mask (Tq, N) bool -> (B, H, Tq, D)."""
+    B, H, Tq, D = q.shape
+    n_kv = k.shape[1]
+    q = q.view(B, n_kv, H // n_kv, Tq, D)  # query heads grouped by the KV head they read
+    scores = q @ k[:, :, None].transpose(-1, -2) * D**-0.5  # (B, n_kv, g, Tq, N)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    out = scores.softmax(dim=-1) @ v[:, :, None]  # (B, n_kv, g, Tq, D)
+    return out.view(B, H, Tq, D)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.cfg = cfg
+        H, n_kv, D, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
+        self.q_proj = nn.Linear(d, H * D, bias=False)
+        self.k_proj = nn.Linear(d, n_kv * D, bias=False)
+        self.v_proj = None if cfg.tied_kv else nn.Linear(d, n_kv * D, bias=False)
+        self.o_proj = nn.Linear(H * D, d, bias=False)
+        self.q_norm = RMSNorm(D, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(D, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        self.z_hook = nn.Identity()  # per-head outputs z (B, T, H, D) before o_proj: the knockout site
+        self.compressor = Compressor(cfg) if cfg.compressed else None
+        self.grid = (
+            Grid(cfg.window, cfg.stride, cfg.grid_offset(layer), cfg.local_window) if cfg.compressed else None
+        )
+
+    # ---- projections ----
+    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return apply_rope(x, pos, self.cfg.rope_rotary_dims, self.cfg.rope_theta)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.cfg.head_dim).transpose(1, 2)  # (B, n, T, D)
+
+    def _exact_kv(self, h: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact keys and values (B, n_kv, T, D): normalised, rotated; tied values reuse the keys."""
+        k = self._rope(self.k_norm(self._heads(self.k_proj(h), self.cfg.n_kv_heads)), pos)
+        v = k if self.v_proj is None else self._heads(self.v_proj(h), self.cfg.n_kv_heads)
+        return k, v
+
+    def _entry_kv(self, raw: list[torch.Tensor], j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Compressed keys/values (B, n_kv, n, D) from raw entries: QK-norm, then RoPE at the entry's start."""
+        k = self._rope(self.k_norm(raw[0]), self.grid.entry_start(j))
+        return k, (k if len(raw) == 1 else raw[1])
+
+    # ---- forward ----
+    def forward(self, h: torch.Tensor, pos: torch.Tensor, cache=None) -> torch.Tensor:
+        """h (B, T, d) normed hidden states at positions pos (T,) -> (B, T, d)."""
+        q = self._rope(self.q_norm(self._heads(self.q_proj(h), self.cfg.n_heads)), pos)  # (B, H, T, D)
+        k, v = self._exact_kv(h, pos)  # (B, n_kv, T, D)
+        if self.compressor is None:
+            z = self._full(q, k, v, pos, cache)
+        elif cache is None:
+            z = self._compressed(q, k, v, h, pos)
+        else:
+            z = self._compressed_cached(q, k, v, h, pos, cache)
+        z = self.z_hook(z.transpose(1, 2))  # (B, T, H, D)
+        return self.o_proj(z.flatten(2))
+
+    def _full(self, q, k, v, pos, cache: FullLayerCache | None) -> torch.Tensor:
+        if cache is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        cache.k.append(k)
+        cache.v.append(v)
+        keys_pos = torch.arange(cache.k.n, device=pos.device)
+        return attend(q, cache.k.view(k), cache.v.view(v), keys_pos[None, :] <= pos[:, None])
+
+    def _compressed(self, q, k, v, h, pos) -> torch.Tensor:
+        windows = self.compressor.windows(h, self.grid.offset)  # (B, n, W, d)
+        raw = [b.finalize(b.partial(windows)) for b in self.compressor.branches()]  # (B, n_kv, n, D) each
+        j = torch.arange(windows.shape[1], device=pos.device)
+        ek, ev = self._entry_kv(raw, j)
+        mask = self.grid.mask(pos, j, pos)
+        return attend(q, torch.cat([ek, k], 2), torch.cat([ev, v], 2), mask)
+
+    def _compressed_cached(self, q, k, v, h, pos, cache: CompressedLayerCache) -> torch.Tensor:
+        self._extend_entries(h, pos, cache)
+        j = torch.arange(cache.n_entries, device=pos.device)
+        ek = cache.entries_k.view(k)
+        ev = ek if cache.entries_v is None else cache.entries_v.view(v)
+        rk, rv, rpos = cache.ring(k)
+        mask = self.grid.mask(pos, j, torch.cat([rpos, pos]))
+        z = attend(q, torch.cat([ek, rk, k], 2), torch.cat([ev, rv, v], 2), mask)
+        cache.write_exact(k, v, pos)
+        return z
+
+    def _extend_entries(self, h: torch.Tensor, pos: torch.Tensor, cache: CompressedLayerCache) -> None:
+        """Feed tokens h (B, T, d) at pos (contiguous) to the windows they belong to; store completed entries."""
+        g, W, S = self.grid, self.grid.window, self.grid.stride
+        t0, t1 = int(pos[0]), int(pos[-1]) + 1
+        j_lo = cache.n_entries  # oldest window not yet complete
+        j_hi = (t1 - 1 - g.offset) // S  # newest window that has started
+        if t1 - 1 < g.offset or j_hi < j_lo:
+            return
+        p0 = j_lo * S + g.offset  # first position covered by the touched windows
+        span = (j_hi - j_lo) * S + W
+        ext = h.new_zeros(h.shape[0], span, h.shape[2])  # (B, span, d)
+        a, b = max(t0, p0), min(t1, p0 + span)
+        ext[:, a - p0 : b - p0] = h[:, a - t0 : b - t0]
+        present = torch.zeros(span, dtype=torch.bool, device=h.device)
+        present[a - p0 : b - p0] = True
+        windows = ext.unfold(1, W, S).transpose(2, 3)  # (B, n_w, W, d)
+        present = present.unfold(0, W, S)  # (n_w, W)
+        n_done = g.n_complete(t1) - j_lo  # touched windows that are now complete
+        partials = []
+        for i, branch in enumerate(self.compressor.branches()):
+            p = branch.partial(windows, present)
+            if cache.partials is not None:
+                old = cache.partials[i]
+                n_old = old.m.shape[1]
+                p = _cat_partials(old.merge(p.slice(0, n_old)), p.slice(n_old))
+            partials.append(p)
+        if n_done > 0:
+            raw = [b.finalize(p.slice(0, n_done)) for b, p in zip(self.compressor.branches(), partials, strict=True)]
+            ek, ev = self._entry_kv(raw, torch.arange(j_lo, j_lo + n_done, device=h.device))
+            cache.entries_k.append(ek)
+            if cache.entries_v is not None:
+                cache.entries_v.append(ev)
+        cache.partials = [p.slice(n_done) for p in partials]
+
+    def new_cache(self) -> FullLayerCache | CompressedLayerCache:
+        if self.compressor is None:
+            return FullLayerCache()
+        return CompressedLayerCache(self.grid, tied=self.v_proj is None)
+
+
+def _cat_partials(a: Partial, b: Partial) -> Partial:
+    return Partial(torch.cat([a.m, b.m], 1), torch.cat([a.z, b.z], 1), torch.cat([a.acc, b.acc], 1))

@@ -1,0 +1,61 @@
+"""The one place that says which keys a query sees and where compressed entries sit (SPEC §2).
+
+Entry `j` of a layer whose window grid starts at phase `o` (0 unless staggered) is written from
+tokens `jS+o .. jS+o+W-1`, carries RoPE position `jS+o` (its first token) and becomes visible to the
+query at `t` iff `jS+o+W-1 <= t` (DeepSeek-V4's rule). Exact tokens: the local window
+`t-n_local+1 .. t`, or, for the uncompressed tail, every token after the last visible entry's end.
+Tokens before the first complete window are reachable only through the exact tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Grid:
+    window: int  # W
+    stride: int  # S
+    offset: int = 0  # phase at which the grid starts
+    local_window: int | None = 16  # None: uncompressed tail
+
+    def entry_start(self, j: torch.Tensor) -> torch.Tensor:
+        """RoPE position of entry j: its first token."""
+        return j * self.stride + self.offset
+
+    def entry_end(self, j: torch.Tensor) -> torch.Tensor:
+        return j * self.stride + self.offset + self.window - 1
+
+    def n_complete(self, length: int) -> int:
+        """Entries whose windows lie inside positions 0..length-1."""
+        last = length - 1 - self.offset - (self.window - 1)
+        return 0 if last < 0 else last // self.stride + 1
+
+    def last_visible_end(self, t: torch.Tensor) -> torch.Tensor:
+        """End position of the newest entry visible at t, or -1 when none is."""
+        n = torch.div(t - self.offset - self.window + 1, self.stride, rounding_mode="floor")  # newest j
+        return torch.where(n >= 0, self.entry_end(n), torch.full_like(t, -1))
+
+    def entry_visible(self, t: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """(Tq, n_e) bool: entry j is complete by query position t."""
+        return self.entry_end(j)[None, :] <= t[:, None]
+
+    def exact_visible(self, t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """(Tq, n_x) bool: exact token at p is visible to the query at t."""
+        causal = p[None, :] <= t[:, None]
+        if self.local_window is not None:
+            return causal & (p[None, :] > t[:, None] - self.local_window)
+        return causal & (p[None, :] > self.last_visible_end(t)[:, None])
+
+    def mask(self, t: torch.Tensor, j: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """(Tq, n_e + n_x) bool over [entries, exact tokens]: one softmax runs over the True keys."""
+        return torch.cat([self.entry_visible(t, j), self.exact_visible(t, p)], dim=1)
+
+    @property
+    def exact_keep(self) -> int:
+        """Exact tokens a decode cache must keep: the local window, or the longest possible tail."""
+        if self.local_window is not None:
+            return self.local_window
+        return max(self.offset + self.window - 1, self.stride)

@@ -1,0 +1,46 @@
+"""The `phasekv` command line. Each room owns its commands and mounts them here."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from phasekv.errors import PhaseKVError
+
+app = typer.Typer(
+    help="phasekv: find, explain and repair periodic weak spots of compressed-KV-cache language models.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _mount() -> None:
+    # one line per room; a room registers its commands on `app` (or a sub-app)
+    from phasekv.model import cli as model_cli
+
+    model_cli.register(app)
+
+
+def main() -> None:
+    """Console entry point: user errors become one line on stderr and exit code 2 (`--debug` re-raises)."""
+    debug = "--debug" in sys.argv
+    if debug:
+        sys.argv.remove("--debug")
+    _mount()
+    try:
+        app()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except (PhaseKVError, ValueError, OSError) as exc:
+        if debug:
+            raise
+        msg = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"error: {msg}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

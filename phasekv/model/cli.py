@@ -1,0 +1,100 @@
+"""Core commands: `phasekv info` (what a name builds) and `phasekv smoke` (forward + cached decode)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from phasekv.model.config import PRESETS, ModelConfig
+from phasekv.model.transformer import PhaseLM
+
+console = Console()
+
+ARCH_HELP = "Model name as in the paper ('W8/S8 · 1 KV · no RoPE', 'Full attention · 8 KV') or its alias (w8s8-1kv-norope)."
+PRESET_HELP = f"Backbone preset: {', '.join(PRESETS)}."
+
+
+def cache_bytes(config: ModelConfig, context: int, batch_size: int = 1) -> int:
+    """Bytes a decode cache of this config holds after `context` tokens, computed without running the model."""
+    from phasekv.attention.positions import Grid
+
+    per_token = 2 * batch_size * config.n_kv_heads * config.head_dim * 4  # fp32 K and V of one token, one layer
+    if not config.compressed:
+        return config.n_layers * context * per_token
+    total = 0
+    tied = 1 if config.tied_kv else 2
+    G = config.head_dim if config.gate == "vector" else 1
+    for layer in range(config.n_layers):
+        grid = Grid(config.window, config.stride, config.grid_offset(layer), config.local_window)
+        entries = grid.n_complete(context)
+        started = 0 if context - 1 < grid.offset else (context - 1 - grid.offset) // grid.stride + 1
+        in_flight = started - entries
+        exact = min(context, grid.exact_keep)
+        branch_entry = batch_size * config.n_kv_heads * config.head_dim * 4
+        partial = batch_size * config.n_kv_heads * (2 * G + config.head_dim) * 4
+        total += tied * (entries * branch_entry + in_flight * partial) + exact * per_token * tied // 2
+    return total
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def info(
+        arch: str = typer.Argument(..., help=ARCH_HELP),
+        preset: str = typer.Option("tiny", help=PRESET_HELP),
+        vocab_size: int = typer.Option(None, help="Vocabulary size (default: the preset's)."),
+        context: int = typer.Option(32768, help="Context length for the cache-size column."),
+    ) -> None:
+        """Print a model's canonical name, alias, config, parameter count and decode-cache size."""
+        cfg = ModelConfig.from_name(arch, preset=preset, vocab_size=vocab_size)
+        full = cfg.replace(window=0, stride=0, **_compression_defaults())
+        table = Table(title=f"{cfg.name}  ({cfg.alias})")
+        table.add_column("field")
+        table.add_column("value")
+        for k, v in cfg.to_dict().items():
+            table.add_row(k, str(v))
+        with torch.device("meta"):
+            n_params = PhaseLM(cfg).n_params
+        table.add_row("parameters", f"{n_params:,}")
+        ours, theirs = cache_bytes(cfg, context), cache_bytes(full, context)
+        table.add_row(f"cache bytes @ {context}", f"{ours:,} ({ours / theirs:.4f} of full attention's {theirs:,})")
+        console.print(table)
+
+    @app.command()
+    def smoke(
+        arch: str = typer.Option("W8/S8 · 1 KV", help=ARCH_HELP),
+        preset: str = typer.Option("tiny", help=PRESET_HELP),
+        tokens: int = typer.Option(256, help="Prompt length."),
+        decode: int = typer.Option(64, help="Tokens to decode with the compressed cache."),
+        seed: int = typer.Option(0, help="Random seed for weights and tokens."),
+    ) -> None:
+        """Build a model from a paper name, run a forward pass and a cached decode, and check they agree."""
+        torch.manual_seed(seed)
+        cfg = ModelConfig.from_name(arch, preset=preset)
+        model = PhaseLM(cfg).eval()
+        ids = torch.randint(0, cfg.vocab_size, (2, tokens + decode))
+        console.print(f"[bold]{cfg.name}[/] ({cfg.alias}) · preset {preset} · {model.n_params:,} parameters")
+        with torch.no_grad():
+            t = time.perf_counter()
+            logits = model(ids)
+            fwd = time.perf_counter() - t
+            cache = model.new_cache(2)
+            model(ids[:, :tokens], cache=cache)
+            t = time.perf_counter()
+            steps = [model(ids[:, i : i + 1], cache=cache) for i in range(tokens, tokens + decode)]
+            dec = time.perf_counter() - t
+        diff = (torch.cat(steps, 1) - logits[:, tokens:]).abs().max().item()
+        full = cache_bytes(cfg.replace(window=0, stride=0, **_compression_defaults()), tokens + decode, 2)
+        console.print(f"forward {tokens + decode} tokens: {fwd * 1e3:.1f} ms; decode {decode} steps: "
+                      f"{dec / decode * 1e3:.2f} ms/step; max |decode - parallel| = {diff:.2e}")
+        console.print(f"cache: {cache.nbytes:,} bytes ({cache.nbytes / full:.3f} of a full-attention cache)")
+        if diff > 1e-4:
+            raise typer.Exit(1)
+
+
+def _compression_defaults() -> dict:
+    fields = ModelConfig.__dataclass_fields__
+    return {f: fields[f].default for f in ("gate", "tied_kv", "gate_bias", "local_window", "post_norm", "stagger")}

@@ -1,0 +1,162 @@
+"""Model configuration: a Qwen3-shaped backbone plus the compression attributes of the study (SPEC §3)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+from phasekv.errors import ConfigError
+
+CONFIG_VERSION = 1
+GATES = ("scalar", "vector", "uniform")
+
+# Backbones. Compression attributes and the KV-head count come from the model name, not the preset.
+PRESETS: dict[str, dict] = {
+    "tiny": dict(n_layers=2, d_model=64, n_heads=4, head_dim=32, d_ff=192, rope_theta=1e4, vocab_size=512),
+    "small": dict(n_layers=4, d_model=256, n_heads=8, head_dim=32, d_ff=768, rope_theta=1e4, vocab_size=8192),
+    "qwen3-0.6b": dict(
+        n_layers=28, d_model=1024, n_heads=16, head_dim=128, d_ff=3072, rope_theta=1e6, vocab_size=151936
+    ),
+}
+
+
+def preset_fields(preset: str) -> dict:
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
+    return {**PRESETS[preset], "preset": preset}
+
+
+@dataclass
+class ModelConfig:
+    # --- backbone (Qwen3 shape) ---
+    vocab_size: int = 512
+    n_layers: int = 2
+    d_model: int = 64  # residual width
+    n_heads: int = 4  # query heads
+    n_kv_heads: int = 1  # KV heads; must divide n_heads (GQA)
+    head_dim: int = 32  # independent of d_model, as in Qwen3
+    d_ff: int = 192  # SwiGLU hidden width
+    rope_theta: float = 1e4
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = True
+    max_seq_len: int = 131072  # longest sequence the model is used at (prompts beyond it are an error)
+    preset: str = "custom"
+    # --- compression (window = 0 means full attention) ---
+    window: int = 0  # W: tokens per compressed entry
+    stride: int = 0  # S: distance between window starts, 1 <= S <= W
+    gate: str = "scalar"  # scalar | vector (one score per channel) | uniform (alpha = 1/W, no gate parameters)
+    tied_kv: bool = False  # values reuse the normalised, rotated keys (no value branch, no v_proj)
+    gate_bias: bool = True  # per-offset gate bias b_i
+    qk_norm: bool = True  # per-head RMSNorm on queries and keys (before RoPE)
+    rope_dims: int | None = None  # None: RoPE on all head dims; 0: no RoPE; r: the first r dims
+    local_window: int | None = 16  # exact recent tokens; None: uncompressed tail (current incomplete window only)
+    post_norm: bool = False  # RMSNorm on each compressed entry after the payload projection
+    stagger: bool = False  # staggered windows: each layer starts its window grid at a different phase
+    seed: int = 42  # part of the model's name (the study's seeds 42-45)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ---- derived ----
+    @property
+    def compressed(self) -> bool:
+        return self.window > 0
+
+    @property
+    def rope_rotary_dims(self) -> int:
+        return self.head_dim if self.rope_dims is None else self.rope_dims
+
+    @property
+    def name(self) -> str:
+        from phasekv.model.names import format_name
+
+        return format_name(self)
+
+    @property
+    def alias(self) -> str:
+        from phasekv.model.names import format_alias
+
+        return format_alias(self)
+
+    def grid_offset(self, layer: int) -> int:
+        """Phase at which `layer` starts its window grid (0 unless staggered windows)."""
+        if not (self.compressed and self.stagger):
+            return 0
+        return (layer * self.stride) // self.n_layers
+
+    # ---- construction ----
+    @classmethod
+    def from_name(cls, name: str, preset: str = "tiny", vocab_size: int | None = None, **overrides) -> ModelConfig:
+        """Config from a paper name (`W8/S8 · 1 KV · no RoPE`) or ASCII alias (`w8s8-1kv-norope`)."""
+        from phasekv.model.names import parse_name
+
+        fields = preset_fields(preset)
+        fields.update(parse_name(name))
+        if vocab_size is not None:
+            fields["vocab_size"] = vocab_size
+        fields.update(overrides)
+        return cls(**fields)
+
+    def replace(self, **changes) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return {"config_version": CONFIG_VERSION, "name": self.name, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "config") -> ModelConfig:
+        d = dict(d)
+        version = d.pop("config_version", None)
+        if version != CONFIG_VERSION:
+            raise ConfigError(f"{source}: config_version {version!r} is not supported (expected {CONFIG_VERSION})")
+        d.pop("name", None)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown config field(s) {', '.join(unknown)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    # ---- validation: every error names the field and the value ----
+    def validate(self) -> None:
+        def bad(field: str, why: str) -> None:
+            raise ConfigError(f"invalid config: {field}={getattr(self, field)!r}: {why}")
+
+        for f in ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                bad(f, "must be a positive integer")
+        if self.n_heads % self.n_kv_heads:
+            bad("n_kv_heads", f"must divide n_heads={self.n_heads}")
+        if not self.rope_theta > 0:
+            bad("rope_theta", "must be positive")
+        if not self.norm_eps > 0:
+            bad("norm_eps", "must be positive")
+        if self.rope_dims is not None:
+            if not isinstance(self.rope_dims, int) or self.rope_dims < 0 or self.rope_dims > self.head_dim:
+                bad("rope_dims", f"must be in [0, head_dim={self.head_dim}]")
+            if self.rope_dims % 2:
+                bad("rope_dims", "must be even (RoPE rotates pairs of dims)")
+        elif self.head_dim % 2:
+            bad("head_dim", "must be even for RoPE on all dims")
+        if self.window < 0:
+            bad("window", "must be >= 0 (0 = full attention)")
+        if not self.compressed:
+            if self.stride:
+                bad("stride", "must be 0 for full attention (window=0)")
+            defaults = ModelConfig.__dataclass_fields__
+            for f in ("gate", "tied_kv", "gate_bias", "local_window", "post_norm", "stagger"):
+                if getattr(self, f) != defaults[f].default:
+                    bad(f, "is a compression attribute; full attention (window=0) has none")
+            return
+        if not 1 <= self.stride <= self.window:
+            bad("stride", f"must satisfy 1 <= S <= W={self.window}")
+        if self.gate not in GATES:
+            bad("gate", f"must be one of {', '.join(GATES)}")
+        if self.gate == "uniform" and not self.gate_bias:
+            bad("gate_bias", "uniform averaging has no gate parameters, so 'no gate bias' does not apply")
+        if self.local_window is not None and (not isinstance(self.local_window, int) or self.local_window < 1):
+            bad("local_window", "must be >= 1 (or None for the uncompressed tail)")

@@ -1,0 +1,94 @@
+"""Hugging Face interop: full-attention PhaseLM <-> transformers' Qwen3ForCausalLM, same weights."""
+
+from __future__ import annotations
+
+import torch
+
+from phasekv.errors import ConfigError
+from phasekv.model.config import ModelConfig
+
+# phasekv parameter name (per layer "{i}") -> transformers Qwen3 parameter name
+LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn.q_proj.weight": "self_attn.q_proj.weight",
+    "attn.k_proj.weight": "self_attn.k_proj.weight",
+    "attn.v_proj.weight": "self_attn.v_proj.weight",
+    "attn.o_proj.weight": "self_attn.o_proj.weight",
+    "attn.q_norm.weight": "self_attn.q_norm.weight",
+    "attn.k_norm.weight": "self_attn.k_norm.weight",
+    "mlp_norm.weight": "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight": "mlp.gate_proj.weight",
+    "mlp.up_proj.weight": "mlp.up_proj.weight",
+    "mlp.down_proj.weight": "mlp.down_proj.weight",
+}
+GLOBAL_NAMES = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+                "lm_head.weight": "lm_head.weight"}
+
+
+def _rope_theta(hf_config) -> float:
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    if theta is None:
+        raise ConfigError("Hugging Face config has no rope_theta")
+    if params.get("rope_type", "default") != "default":
+        raise ConfigError(f"rope_type={params['rope_type']!r} is not supported (only default RoPE)")
+    return float(theta)
+
+
+def config_from_hf(hf_config) -> ModelConfig:
+    if getattr(hf_config, "model_type", None) != "qwen3":
+        raise ConfigError(f"model_type={getattr(hf_config, 'model_type', None)!r}: only qwen3 converts to PhaseLM")
+    if getattr(hf_config, "attention_bias", False):
+        raise ConfigError("attention_bias=True is not supported (Qwen3 has no attention bias)")
+    return ModelConfig(
+        vocab_size=hf_config.vocab_size, n_layers=hf_config.num_hidden_layers, d_model=hf_config.hidden_size,
+        n_heads=hf_config.num_attention_heads, n_kv_heads=hf_config.num_key_value_heads,
+        head_dim=hf_config.head_dim, d_ff=hf_config.intermediate_size, rope_theta=_rope_theta(hf_config),
+        norm_eps=hf_config.rms_norm_eps, tie_embeddings=bool(hf_config.tie_word_embeddings),
+        max_seq_len=hf_config.max_position_embeddings, preset="hf",
+    )
+
+
+def _name_map(config: ModelConfig) -> dict[str, str]:
+    names = {k: v for k, v in GLOBAL_NAMES.items() if k != "lm_head.weight" or not config.tie_embeddings}
+    for i in range(config.n_layers):
+        names.update({f"layers.{i}.{k}": f"model.layers.{i}.{v}" for k, v in LAYER_NAMES.items()})
+    return names
+
+
+def from_hf(hf_model):
+    """PhaseLM (full attention) with the weights of a transformers Qwen3ForCausalLM."""
+    from phasekv.model.transformer import PhaseLM
+
+    config = config_from_hf(hf_model.config)
+    model = PhaseLM(config)
+    hf_state = hf_model.state_dict()
+    state = {ours: hf_state[theirs].detach().clone().float() for ours, theirs in _name_map(config).items()}
+    model.load_state_dict(state)
+    return model
+
+
+def to_hf(model):
+    """transformers Qwen3ForCausalLM with this (full-attention) model's weights."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    c = model.config
+    if c.compressed:
+        raise ConfigError(f"{c.name}: only full-attention models convert to Qwen3 (transformers has no compressor)")
+    if c.rope_dims is not None or not c.qk_norm:
+        raise ConfigError(f"{c.name}: Qwen3 needs RoPE on all dims and QK-norm")
+    hf_config = Qwen3Config(
+        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff, num_hidden_layers=c.n_layers,
+        num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads, head_dim=c.head_dim,
+        max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps, tie_word_embeddings=c.tie_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta}, attention_bias=False,
+    )
+    hf_model = Qwen3ForCausalLM(hf_config)
+    ours = model.state_dict()
+    state = {theirs: ours[name] for name, theirs in _name_map(c).items()}
+    if c.tie_embeddings:
+        state["lm_head.weight"] = ours["embed.weight"]
+    missing, unexpected = hf_model.load_state_dict(state, strict=False)
+    if unexpected or [m for m in missing if "rotary" not in m]:
+        raise ConfigError(f"weight names do not match Qwen3 (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return hf_model.to(torch.float32)

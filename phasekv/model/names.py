@@ -1,0 +1,161 @@
+"""Paper-style model names (`W8/S8 · 1 KV · no RoPE`) and ASCII aliases (`w8s8-1kv-norope`).
+
+The one place that maps names to config fields and back. Every config prints its name, and
+`parse_name(format_name(cfg))` and `parse_name(format_alias(cfg))` give back the same fields.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from phasekv.errors import ModelNameError
+
+if TYPE_CHECKING:
+    from phasekv.model.config import ModelConfig
+
+SEP = " · "
+DEEPSEEK = dict(window=8, stride=4, n_kv_heads=1, gate="vector", tied_kv=True, rope_dims=16)
+
+# attribute: (paper words, ascii token, fields it sets). Order here is the order names print in.
+ATTRIBUTES: list[tuple[str, str, dict]] = [
+    ("vector gates", "vector", {"gate": "vector"}),
+    ("uniform averaging", "uniform", {"gate": "uniform"}),
+    ("tied K/V", "tied", {"tied_kv": True}),
+    ("post-norm", "postnorm", {"post_norm": True}),
+    ("no gate bias", "nobias", {"gate_bias": False}),
+    ("no Q/K norm", "noqknorm", {"qk_norm": False}),
+    ("no RoPE", "norope", {"rope_dims": 0}),
+    ("uncompressed tail", "tail", {"local_window": None}),
+    ("staggered windows", "stagger", {"stagger": True}),
+]
+# parameterised attributes: paper regex, ascii regex, field
+NUMBERED: list[tuple[str, str, str, str, str]] = [
+    # (paper format, paper regex, ascii format, ascii regex, field)
+    ("RoPE on {} dims", r"rope on (\d+) dims", "rope{}", r"rope(\d+)", "rope_dims"),
+    ("local window {}", r"local window (\d+)", "local{}", r"local(\d+)", "local_window"),
+    ("seed {}", r"seed (\d+)", "seed{}", r"seed(\d+)", "seed"),
+]
+DEFAULTS = {"gate": "scalar", "tied_kv": False, "post_norm": False, "gate_bias": True, "qk_norm": True,
+            "rope_dims": None, "local_window": 16, "stagger": False, "seed": 42}
+
+
+def _known() -> str:
+    words = [a[0] for a in ATTRIBUTES] + [n[0].format("N") for n in NUMBERED] + ["scalar gates", "N KV"]
+    return ", ".join(words)
+
+
+def _err(name: str, part: str) -> ModelNameError:
+    return ModelNameError(
+        f"cannot parse model name {name!r}: unknown part {part!r}. Names look like 'W8/S8 · 1 KV · no RoPE', "
+        f"'Full attention · 8 KV', 'DeepSeek-style kernel' or aliases like 'w8s8-1kv-norope'; "
+        f"known attributes: {_known()}"
+    )
+
+
+def parse_name(name: str) -> dict:
+    """Config fields named by a paper name or an ASCII alias."""
+    if not isinstance(name, str) or not name.strip():
+        raise ModelNameError(f"empty model name {name!r}")
+    text = name.strip()
+    if "·" in text or " " in text or "/" in text:
+        parts = [p.strip() for p in re.split(r"\s*·\s*", text)]
+        return _parse_parts(name, parts, ascii_=False)
+    return _parse_parts(name, text.lower().split("-"), ascii_=True)
+
+
+def _parse_parts(name: str, parts: list[str], ascii_: bool) -> dict:
+    if not parts or not parts[0]:
+        raise _err(name, "")
+    head, rest = parts[0].lower(), parts[1:]
+    fields: dict = {}
+    if head in ("full attention", "full"):
+        fields["window"], fields["stride"] = 0, 0
+    elif head in ("deepseek-style kernel", "deepseek"):
+        fields.update(DEEPSEEK)
+    else:
+        m = re.fullmatch(r"w(\d+)\s*/?\s*s(\d+)", head)
+        if not m:
+            raise _err(name, parts[0])
+        fields["window"], fields["stride"] = int(m.group(1)), int(m.group(2))
+    seen: set[str] = set()
+    for part in rest:
+        key = part.strip().lower()
+        if not key:
+            raise _err(name, part)
+        if key in seen:
+            raise ModelNameError(f"model name {name!r} repeats {part!r}")
+        seen.add(key)
+        fields.update(_parse_attribute(name, key, part, ascii_))
+    return fields
+
+
+def _parse_attribute(name: str, key: str, part: str, ascii_: bool) -> dict:
+    m = re.fullmatch(r"(\d+)\s*kv", key)
+    if m:
+        return {"n_kv_heads": int(m.group(1))}
+    if key in (("scalar",) if ascii_ else ("scalar gates",)):
+        return {"gate": "scalar"}
+    for paper, token, fields in ATTRIBUTES:
+        if key == (token if ascii_ else paper.lower()):
+            return dict(fields)
+    for _pf, paper_re, _af, ascii_re, field in NUMBERED:
+        m = re.fullmatch(ascii_re if ascii_ else paper_re, key)
+        if m:
+            return {field: int(m.group(1))}
+    raise _err(name, part)
+
+
+def _attributes(cfg: ModelConfig, ascii_: bool) -> list[str]:
+    """The non-default attributes of `cfg`, in print order."""
+    out = []
+    deepseek = _is_deepseek(cfg)
+    if deepseek and cfg.gate == "scalar":
+        out.append("scalar" if ascii_ else "scalar gates")
+    for paper, token, fields in ATTRIBUTES:
+        if deepseek and all(DEEPSEEK.get(k) == v for k, v in fields.items()):
+            continue
+        if all(getattr(cfg, k) == v for k, v in fields.items()):
+            out.append(token if ascii_ else paper)
+    for paper_fmt, _pr, ascii_fmt, _ar, field in NUMBERED:
+        value = getattr(cfg, field)
+        skip = value in (None, DEFAULTS[field]) or (field == "rope_dims" and (value == 0 or deepseek))
+        if not skip:
+            out.append((ascii_fmt if ascii_ else paper_fmt).format(value))
+    return out
+
+
+def _is_deepseek(cfg: ModelConfig) -> bool:
+    shape = dict(DEEPSEEK, gate=cfg.gate if cfg.gate in ("vector", "scalar") else None)
+    return all(getattr(cfg, k) == v for k, v in shape.items())
+
+
+def _head(cfg: ModelConfig, ascii_: bool) -> list[str]:
+    if _is_deepseek(cfg):
+        return ["deepseek"] if ascii_ else ["DeepSeek-style kernel"]
+    kv = f"{cfg.n_kv_heads}kv" if ascii_ else f"{cfg.n_kv_heads} KV"
+    if not cfg.compressed:
+        return ["full" if ascii_ else "Full attention", kv]
+    return [f"w{cfg.window}s{cfg.stride}" if ascii_ else f"W{cfg.window}/S{cfg.stride}", kv]
+
+
+def format_name(cfg: ModelConfig) -> str:
+    return SEP.join(_head(cfg, False) + _attributes(cfg, False))
+
+
+def format_alias(cfg: ModelConfig) -> str:
+    return "-".join(_head(cfg, True) + _attributes(cfg, True))
+
+
+# The study's grid (SPEC §3): 3 full-attention baselines and 23 compressed runs.
+PAPER_GRID: list[str] = [
+    "Full attention · 1 KV", "Full attention · 4 KV", "Full attention · 8 KV",
+    "W8/S8 · 1 KV", "W8/S8 · 1 KV · seed 43", "W8/S8 · 1 KV · seed 44", "W8/S8 · 1 KV · seed 45",
+    "W4/S4 · 1 KV", "W8/S4 · 1 KV", "W8/S6 · 1 KV", "W12/S12 · 1 KV",
+    "W8/S8 · 2 KV", "W8/S8 · 4 KV", "W8/S8 · 8 KV",
+    "W8/S8 · 1 KV · tied K/V", "W8/S8 · 1 KV · uniform averaging",
+    "W8/S8 · 1 KV · uniform averaging · tied K/V · post-norm", "W8/S8 · 1 KV · vector gates",
+    "W8/S8 · 1 KV · no Q/K norm", "W8/S8 · 1 KV · no gate bias", "W8/S8 · 1 KV · no RoPE",
+    "W8/S8 · 1 KV · RoPE on 16 dims", "W8/S8 · 1 KV · uncompressed tail", "W8/S8 · 8 KV · uncompressed tail",
+    "DeepSeek-style kernel", "DeepSeek-style kernel · scalar gates",
+]

@@ -1,0 +1,121 @@
+"""PhaseLM: a Qwen3-shaped decoder whose attention may compress its KV cache chunk by chunk."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from phasekv.attention.attention import Attention
+from phasekv.attention.cache import PhaseCache
+from phasekv.attention.norm import RMSNorm
+from phasekv.errors import ConfigError
+from phasekv.model.config import ModelConfig
+
+
+class MLP(nn.Module):
+    """SwiGLU."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg, layer)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache=None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), pos, cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class PhaseLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.apply(_init_weights)
+
+    def forward(self, input_ids: torch.Tensor, cache: PhaseCache | None = None) -> torch.Tensor:
+        """input_ids (B, T) -> logits (B, T, V). With a cache, the tokens continue the cached sequence."""
+        B, T = input_ids.shape
+        start = 0 if cache is None else cache.pos
+        self._check_input(input_ids, start)
+        pos = torch.arange(start, start + T, device=input_ids.device)  # (T,)
+        x = self.embed(input_ids)  # (B, T, d)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, pos, None if cache is None else cache.layers[i])
+        if cache is not None:
+            cache.pos += T
+        x = self.norm(x)
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return x @ weight.T  # (B, T, V)
+
+    def _check_input(self, input_ids: torch.Tensor, start: int) -> None:
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ConfigError(f"input_ids must have shape (batch, tokens>0), got {tuple(input_ids.shape)}")
+        end = start + input_ids.shape[1]
+        if end > self.config.max_seq_len:
+            raise ConfigError(f"sequence of {end} tokens exceeds the model's max_seq_len={self.config.max_seq_len}")
+        if input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size:
+            raise ConfigError(f"token ids must be in [0, vocab_size={self.config.vocab_size})")
+
+    def new_cache(self, batch_size: int) -> PhaseCache:
+        """A decode cache: compressed entries + in-flight window partials + local ring per compressed layer."""
+        if batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size} must be >= 1")
+        return PhaseCache([layer.attn.new_cache() for layer in self.layers], batch_size)
+
+    @property
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # ---- files and interop (phasekv.model.io, phasekv.model.hf) ----
+    def save(self, directory) -> None:
+        from phasekv.model.io import save_model
+
+        save_model(self, directory)
+
+    @classmethod
+    def load(cls, directory, map_location: str | torch.device = "cpu") -> PhaseLM:
+        from phasekv.model.io import load_model
+
+        return load_model(directory, map_location)
+
+    @classmethod
+    def from_hf(cls, hf_model) -> PhaseLM:
+        from phasekv.model.hf import from_hf
+
+        return from_hf(hf_model)
+
+    def to_hf(self):
+        from phasekv.model.hf import to_hf
+
+        return to_hf(self)
+
+
+def _init_weights(module: nn.Module) -> None:
+    """Normal(0, 0.02) for every matrix, as Qwen3's initializer_range; norms start at 1, gate biases at 0."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    from phasekv.attention.compressor import CompressorBranch
+
+    if isinstance(module, CompressorBranch):
+        nn.init.normal_(module.payload, std=0.02)
+        if module.gate_weight is not None:
+            nn.init.normal_(module.gate_weight, std=0.02)
