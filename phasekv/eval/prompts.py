@@ -1,0 +1,236 @@
+"""Prompt builders: position-matched record retrieval (lookup, needle) and the filler sweep (flip).
+
+One layout serves lookup and needle (SPEC section 4):
+
+    [special] [gap_0] rec_0 [gap_1] rec_1 ... [gap_{R-1}] rec_{R-1} [gap_R] demo_1 .. demo_D  target-key
+    rec = key tokens (1 for lookup, 2 for needle), value (one name), optional separator (needle: 1)
+
+The target record's key starts at position t (its residue t mod M picks the group); the query is the
+last token, at the same position Q in every prompt, because the total filler G = sum(gaps) is fixed.
+`prefix` padding puts the filler before the target into gap_0 and the rest into gap_R (all records shift
+together); `in-sequence` splits it at random over gap_0..gap_i and gap_{i+1}..gap_R, so distractors'
+phases do not move in lockstep with the target. Target positions come from an exactly moment-matched
+design (`phasekv.eval.design`); key-name mappings are fixed record sets, each used at every residue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from phasekv.errors import ConfigError
+from phasekv.eval.design import PositionDesign, make_design
+from phasekv.eval.tokens import WordTokenizer, word_list
+
+PADDINGS = ("prefix", "in-sequence")
+
+
+@dataclass
+class PromptConfig:
+    records: int = 64  # R: key-value records before the demonstrations
+    demos: int = 8  # D: demonstrations (repeated records) before the target key
+    key_tokens: int = 1  # tokens per key: 1 (lookup: an animal) or 2 (needle: two animals)
+    separator: str | None = None  # token after each record's value (needle: ';'), None = records adjacent
+    padding: str = "prefix"  # "prefix" | "in-sequence"
+    filler: int = 48  # G: filler tokens per prompt (fixed, so the query position is fixed)
+    modulus: int = 24  # M: residue groups, target position mod M
+    per_group: int = 576  # N prompts per residue group (exact moment matching needs a multiple of M^2)
+    keep_n: bool = False  # keep a non-multiple N (sampled design, spread reported) instead of rounding up
+    mappings: int = 32  # key-name mappings (the bootstrap unit); prompt j of every group uses j % mappings
+    balance: float | None = None  # needle: keep filler-before-target share within this of the record share
+    seed: int = 0
+    keys: str = "animals"  # word lists (phasekv/data/words)
+    values: str = "names"
+    filler_words: str = "filler"
+
+    def __post_init__(self):
+        if self.padding not in PADDINGS:
+            raise ConfigError(f"padding must be one of {', '.join(PADDINGS)}, got {self.padding!r}")
+        if self.key_tokens not in (1, 2):
+            raise ConfigError(f"key_tokens must be 1 or 2, got {self.key_tokens}")
+        if self.records < self.demos + 1 or self.records < 1 or self.demos < 0:
+            raise ConfigError(f"need records > demos >= 0, got records={self.records}, demos={self.demos}")
+        if self.mappings < 1 or self.modulus < 1 or self.per_group < 1:
+            raise ConfigError("mappings, modulus and per-group must be >= 1")
+        if self.filler < self.record_len - 1:
+            raise ConfigError(f"filler={self.filler} must be >= record length - 1 = {self.record_len - 1} "
+                              "so every residue can be reached")
+
+    @property
+    def record_len(self) -> int:
+        return self.key_tokens + 1 + (self.separator is not None)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Prompt:
+    pid: int  # prompt id (order of the run; stable across resumes and ranks)
+    residue: int  # target_pos mod M
+    mapping: int  # key-name mapping id
+    target_pos: int  # position of the target record's (first) key token in the final ids
+    query_pos: int  # position of the last token (the query); the answer is predicted there
+    target_index: int  # index of the target record among the R records
+    answer: int  # token id of the right value
+    answer_word: str
+    words: list[str]
+    ids: list[int]  # final token ids the model sees (checked against the placement)
+
+
+class RetrievalPrompts:
+    """The prompts of one lookup/needle run, built lazily and deterministically from (config, pid)."""
+
+    def __init__(self, cfg: PromptConfig, tok: WordTokenizer):
+        self.cfg, self.tok = cfg, tok
+        need_keys = cfg.records if cfg.key_tokens == 1 else int(np.ceil(np.sqrt(cfg.records * 2)))
+        self.keys, _ = tok.single_tokens(word_list(cfg.keys), "key", max(need_keys, 2))
+        self.values, _ = tok.single_tokens(word_list(cfg.values), "value", 2)
+        self.filler, _ = tok.single_tokens(word_list(cfg.filler_words), "filler", 1)
+        if cfg.key_tokens == 2 and len(self.keys) ** 2 < cfg.records:
+            raise ConfigError(f"{cfg.records} records need distinct two-word keys; only {len(self.keys)} keys")
+        self.sep = None
+        if cfg.separator is not None:
+            self.sep = tok.single_tokens([cfg.separator], "separator", 1)[0][0]
+        self.b = len(tok.prefix)  # special tokens before the first word
+        L, R = cfg.record_len, cfg.records
+        self.length = self.b + cfg.filler + R * L + cfg.demos * L + cfg.key_tokens
+        self.query_pos = self.length - 1
+        lo, hi = self.b, self.b + cfg.filler + (R - 1) * L  # reachable target positions
+        self.design: PositionDesign = make_design(
+            cfg.modulus, cfg.per_group, center=(lo + hi) / 2, keep_n=cfg.keep_n, rng=np.random.default_rng([cfg.seed, 7])
+        )
+        if self.design.lo < lo or self.design.hi > hi:
+            raise ConfigError(
+                f"the position design spans {self.design.lo}..{self.design.hi} but targets can only sit in "
+                f"{lo}..{hi}; raise records or filler, or lower per-group/modulus"
+            )
+        self.n = cfg.modulus * self.design.n_per_group
+        self._order = [np.random.default_rng([cfg.seed, 0, r]).permutation(self.design.n_per_group)
+                       for r in range(cfg.modulus)]
+        self._maps: dict[int, tuple[list[list[str]], list[str]]] = {}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def slot(self, pid: int) -> tuple[int, int, int]:
+        """(residue, target position, mapping) of prompt pid."""
+        r, j = divmod(pid, self.design.n_per_group)
+        return r, int(self.design.positions[r][self._order[r][j]]), j % self.cfg.mappings
+
+    def mapping(self, m: int) -> tuple[list[list[str]], list[str]]:
+        """Mapping m: R distinct keys (lists of key_tokens words) and their values."""
+        if m not in self._maps:
+            cfg, rng = self.cfg, np.random.default_rng([self.cfg.seed, 1, m])
+            nk = len(self.keys)
+            if cfg.key_tokens == 1:
+                keys = [[self.keys[i]] for i in rng.choice(nk, cfg.records, replace=False)]
+            else:
+                flat = rng.choice(nk * nk, cfg.records, replace=False)
+                keys = [[self.keys[i // nk], self.keys[i % nk]] for i in flat]
+            replace = len(self.values) < cfg.records
+            values = [self.values[i] for i in rng.choice(len(self.values), cfg.records, replace=replace)]
+            self._maps[m] = (keys, values)
+        return self._maps[m]
+
+    def words(self, pid: int) -> tuple[list[str], int, int, str]:
+        """The prompt's words, target position, target record index and answer word."""
+        cfg, L, G, R = self.cfg, self.cfg.record_len, self.cfg.filler, self.cfg.records
+        r, t, m = self.slot(pid)
+        rng = np.random.default_rng([cfg.seed, 2, pid])
+        keys, values = self.mapping(m)
+        order = rng.permutation(R)
+        # target record index i: filler before it, A = t - b - L*i, must fit in 0..G
+        cand = np.arange(R)
+        a = t - self.b - L * cand
+        ok = (a >= 0) & (a <= G)
+        if cfg.balance is not None:
+            near = ok & (np.abs(a / max(G, 1) - cand / max(R - 1, 1)) <= cfg.balance)
+            ok = near if near.any() else ok
+        i = int(rng.choice(cand[ok]))
+        A = t - self.b - L * i
+        if cfg.padding == "prefix":
+            gaps = np.zeros(R + 1, dtype=np.int64)
+            gaps[0], gaps[R] = A, G - A
+        else:
+            gaps = np.concatenate([_composition(A, i + 1, rng), _composition(G - A, R - i, rng)])
+        fill = iter(rng.integers(0, len(self.filler), G).tolist())
+        target = int(order[i])
+        demo_pool = np.delete(order, i)
+        demos = rng.choice(demo_pool, cfg.demos, replace=False) if cfg.demos else []
+        out: list[str] = []
+
+        def record(k: int):
+            out.extend(keys[k])
+            out.append(values[k])
+            if self.sep is not None:
+                out.append(self.sep)
+
+        for slot_idx in range(R):
+            out.extend(self.filler[next(fill)] for _ in range(gaps[slot_idx]))
+            record(int(order[slot_idx]))
+        out.extend(self.filler[next(fill)] for _ in range(gaps[R]))
+        for k in demos:
+            record(int(k))
+        out.extend(keys[target])
+        return out, t, i, values[target]
+
+    def prompt(self, pid: int) -> Prompt:
+        """Build, tokenise and check prompt pid (placement must be token-exact on the final ids)."""
+        if not 0 <= pid < self.n:
+            raise ConfigError(f"prompt id {pid} outside 0..{self.n - 1}")
+        words, t, i, answer = self.words(pid)
+        ids = self.tok.check(words, f"prompt {pid}")
+        r, _, m = self.slot(pid)
+        keys, _ = self.mapping(m)
+        tkey = self.tok.word_id(words[t - self.b])
+        if len(ids) != self.length or t % self.cfg.modulus != r or ids[t] != tkey or ids[self.query_pos] != ids[
+                t + self.cfg.key_tokens - 1] or words[t - self.b + self.cfg.key_tokens] != answer:
+            raise ConfigError(f"prompt {pid}: target not at position {t} / query not at {self.query_pos}")
+        return Prompt(pid, r, m, t, self.query_pos, i, self.tok.word_id(answer), answer, words, ids)
+
+    def __iter__(self) -> Iterator[Prompt]:
+        return (self.prompt(p) for p in range(self.n))
+
+    def metadata(self) -> dict:
+        """Settings and the achieved moments of the target positions (verified design)."""
+        return {
+            "prompt_config": self.cfg.to_dict(),
+            "length": self.length,
+            "query_pos": self.query_pos,
+            "n_prompts": self.n,
+            "per_group": self.design.n_per_group,
+            "per_group_requested": self.design.requested,
+            "design_notice": self.design.notice,
+            "design_moments": self.design.moments(),
+            "word_pools": {"keys": len(self.keys), "values": len(self.values), "filler": len(self.filler)},
+            "tokenizer": self.tok.name,
+        }
+
+
+def _composition(total: int, parts: int, rng: np.random.Generator) -> np.ndarray:
+    """Uniformly random split of `total` into `parts` non-negative integers (stars and bars)."""
+    if parts == 1:
+        return np.array([total], dtype=np.int64)
+    bars = np.sort(rng.choice(total + parts - 1, parts - 1, replace=False))
+    return np.diff(np.concatenate([[-1], bars, [total + parts - 1]])) - 1
+
+
+def lookup_config(**kw) -> PromptConfig:
+    """The study's lookup test: 64 single-token animal -> name records, 8 demonstrations, M = 24."""
+    return PromptConfig(**kw)
+
+
+def needle_config(context: int = 131072, records: int = 16000, **kw) -> PromptConfig:
+    """The needle test: four-token records (two-animal key, name, separator), M = 8, N = 256; `context`
+    tokens (special tokens not counted), the part not taken by records is filler spread between them;
+    the target sits near the middle."""
+    kw = {"modulus": 8, "per_group": 256, "padding": "in-sequence", "demos": 2, "separator": ";",
+          "balance": 0.02, **kw}
+    record_len = 2 + 1 + (kw["separator"] is not None)
+    filler = context - (records + kw["demos"]) * record_len - 2
+    if filler < record_len - 1:
+        raise ConfigError(f"context={context} tokens is too short for {records} records of {record_len} tokens")
+    return PromptConfig(records=records, key_tokens=2, filler=filler, **kw)

@@ -1,0 +1,214 @@
+"""Phase-aware statistics: per-residue accuracy with intervals, gap, fold consistency, periodicity.
+
+Accuracies are proportions in [0, 1] inside this module; `summarize` converts to percent (points) for
+reports. The bootstrap unit is the key-name mapping: every mapping is evaluated at every residue, so
+resampling mappings keeps the residue groups paired (SPEC section 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+from phasekv.errors import ConfigError
+
+
+def wilson(correct, n, alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson score interval for `correct` successes out of `n` (arrays broadcast); equal to statsmodels'
+    proportion_confint(method="wilson")."""
+    k = np.asarray(correct, dtype=float)
+    n = np.asarray(n, dtype=float)
+    if np.any(n <= 0) or np.any(k < 0) or np.any(k > n):
+        raise ConfigError(f"wilson: need 0 <= correct <= n and n > 0, got correct={correct}, n={n}")
+    z = sps.norm.isf(alpha / 2.0)
+    q = k / n
+    denom = 1.0 + z**2 / n
+    center = (q + z**2 / (2.0 * n)) / denom
+    half = z * np.sqrt(q * (1.0 - q) / n + z**2 / (4.0 * n**2)) / denom
+    return np.clip(center - half, 0.0, 1.0), np.clip(center + half, 0.0, 1.0)
+
+
+def divisors(m: int) -> list[int]:
+    return [d for d in range(1, m + 1) if m % d == 0]
+
+
+def group_table(residue, mapping, correct, modulus: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-(mapping, residue) counts: hits (K, M) and trials (K, M), K = number of distinct mappings."""
+    residue = np.asarray(residue, dtype=np.int64)
+    correct = np.asarray(correct, dtype=float)
+    _, midx = np.unique(np.asarray(mapping), return_inverse=True)
+    if residue.size == 0:
+        raise ConfigError("statistics need at least one evaluated prompt")
+    if residue.min() < 0 or residue.max() >= modulus:
+        raise ConfigError(f"residue outside 0..{modulus - 1}")
+    K = int(midx.max()) + 1
+    hits = np.zeros((K, modulus))
+    trials = np.zeros((K, modulus))
+    np.add.at(hits, (midx, residue), correct)
+    np.add.at(trials, (midx, residue), 1.0)
+    return hits, trials
+
+
+def profile_summary(acc: np.ndarray) -> dict[str, np.ndarray]:
+    """mean / worst / best / gap of residue profiles acc (..., M) (mean = mean over residue groups)."""
+    worst, best = acc.min(axis=-1), acc.max(axis=-1)
+    return {"mean": acc.mean(axis=-1), "worst": worst, "best": best, "gap": best - worst}
+
+
+def bootstrap_profiles(hits: np.ndarray, trials: np.ndarray, n_boot: int = 2000, seed: int = 0) -> np.ndarray:
+    """Residue profiles (n_boot, M) from resampling mappings with replacement."""
+    K = hits.shape[0]
+    rng = np.random.default_rng(seed)
+    w = rng.multinomial(K, np.full(K, 1.0 / K), size=n_boot).astype(float)  # (B, K) mapping multiplicities
+    num, den = w @ hits, w @ trials  # (B, M)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        acc = num / den
+    # a resample that misses every mapping of some residue falls back to that residue's point estimate
+    point = hits.sum(0) / np.maximum(trials.sum(0), 1.0)
+    return np.where(den > 0, acc, point)
+
+
+def basic_interval(estimate: float, boot: np.ndarray, level: float = 0.95) -> np.ndarray:
+    """Basic (reverse-percentile) bootstrap interval 2*est - q, clipped to [0, 1]. worst/best/gap are
+    minima/maxima over noisy groups, biased away from the truth; the percentile interval inherits that
+    bias twice (it can miss its own point estimate), the basic interval corrects it to first order."""
+    a = (1 - level) / 2 * 100
+    lo, hi = np.percentile(boot, [a, 100 - a])
+    return np.clip([2 * estimate - hi, 2 * estimate - lo], 0.0, 1.0)
+
+
+def fold_consistency(acc: np.ndarray, stride: int) -> float:
+    """mean_r |A(r) - A(r+S)| over r = 0..M-S-1 (consecutive stride periods of the residue profile)."""
+    acc = np.asarray(acc, dtype=float)
+    M = acc.shape[-1]
+    if stride <= 0 or M % stride or stride >= M:
+        raise ConfigError(f"fold consistency needs a stride that divides the modulus and is smaller: S={stride}, M={M}")
+    return float(np.abs(acc[: M - stride] - acc[stride:]).mean())
+
+
+def periodic_power(acc: np.ndarray, period: int) -> np.ndarray:
+    """Share of the profile's non-constant spectral power at period `period` (its harmonics), for
+    profiles acc (..., M); 1 for an exactly periodic profile, 0/NaN-safe for flat ones."""
+    acc = np.asarray(acc, dtype=float)
+    M = acc.shape[-1]
+    power = np.abs(np.fft.rfft(acc - acc.mean(-1, keepdims=True), axis=-1)) ** 2  # (..., M//2+1)
+    k = np.arange(power.shape[-1])
+    weight = np.where((k == 0) | ((M % 2 == 0) & (k == M // 2)), 1.0, 2.0)  # one-sided spectrum weights
+    power = power * weight
+    harmonic = (k > 0) & (k % (M // period) == 0)
+    total = power[..., 1:].sum(-1)
+    return np.where(total > 1e-15, power[..., harmonic].sum(-1) / np.maximum(total, 1e-300), 0.0)
+
+
+def periodicity_test(acc, period: int, n_perm: int = 10000, seed: int = 0) -> dict:
+    """Power of the residue profile at period S against a permutation null (residues shuffled)."""
+    acc = np.asarray(acc, dtype=float)
+    M = acc.shape[-1]
+    if period <= 0 or M % period or period >= M:
+        raise ConfigError(f"periodicity test needs a period that divides the modulus and is smaller: {period}, M={M}")
+    obs = float(periodic_power(acc, period))
+    rng = np.random.default_rng(seed)
+    perms = rng.permuted(np.broadcast_to(acc, (n_perm, M)), axis=1)  # (n_perm, M)
+    null = periodic_power(perms, period)
+    p = (1.0 + float(np.sum(null >= obs - 1e-12))) / (1.0 + n_perm)
+    return {"period": period, "power": obs, "p_value": p, "n_perm": n_perm}
+
+
+def detected_period(acc, var, alpha: float = 0.001) -> int:
+    """Smallest divisor d of M such that 'A(r) depends on r mod d only' is not rejected by a chi-square
+    lack-of-fit test with per-residue variances `var`; 1 means no residue dependence, M no shorter period."""
+    acc = np.asarray(acc, dtype=float)
+    var = np.maximum(np.asarray(var, dtype=float), 1e-12)
+    M = acc.shape[-1]
+    r = np.arange(M)
+    for d in divisors(M):
+        if d == M:
+            return M
+        w = 1.0 / var
+        fold = np.array([np.sum((w * acc)[r % d == c]) / np.sum(w[r % d == c]) for c in range(d)])
+        chi2 = float(np.sum((acc - fold[r % d]) ** 2 * w))
+        if sps.chi2.sf(chi2, M - d) > alpha:
+            return d
+    return M
+
+
+@dataclass
+class PhaseSummary:
+    """Per-residue table and scalar summary (accuracies in percent)."""
+
+    groups: list[dict]
+    mean: float
+    worst: float
+    best: float
+    gap: float
+    gap_ci: list[float]
+    mean_ci: list[float]
+    worst_ci: list[float]
+    best_ci: list[float]
+    fold_consistency: float | None
+    periodicity: dict
+    detected_period: int
+    interval: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def summarize(
+    residue,
+    mapping,
+    correct,
+    modulus: int,
+    stride: int | None,
+    interval: str = "bootstrap",
+    n_boot: int = 2000,
+    n_perm: int = 10000,
+    seed: int = 0,
+) -> PhaseSummary:
+    """Everything a phase-aware report needs from one run's per-prompt rows.
+
+    interval: "wilson" (per-group binomial intervals; single model) or "bootstrap" (over mappings).
+    The scalar summaries (mean/worst/best/gap) always get basic bootstrap intervals over mappings.
+    """
+    if interval not in ("wilson", "bootstrap"):
+        raise ConfigError(f"interval must be 'wilson' or 'bootstrap', got {interval!r}")
+    hits, trials = group_table(residue, mapping, correct, modulus)
+    k, n = hits.sum(0), trials.sum(0)
+    if np.any(n == 0):
+        raise ConfigError(f"residue groups without prompts: {np.flatnonzero(n == 0).tolist()}")
+    acc = k / n  # (M,)
+    boot = bootstrap_profiles(hits, trials, n_boot=n_boot, seed=seed)  # (B, M)
+    if interval == "wilson":
+        lo, hi = wilson(k, n)
+    else:
+        lo, hi = np.percentile(boot, [2.5, 97.5], axis=0)
+    point = {key: float(v) for key, v in profile_summary(acc).items()}
+    ci = {key: basic_interval(point[key], v) for key, v in profile_summary(boot).items()}
+    # per-residue variance for the period detector: bootstrap variance (captures mapping overdispersion),
+    # floored by the binomial variance of a smoothed proportion so 0% / 100% groups stay finite
+    smooth = (k + 1.0) / (n + 2.0)
+    var = np.maximum(boot.var(0), smooth * (1 - smooth) / n)
+    groups = [
+        {"residue": r, "n": int(n[r]), "correct": int(round(k[r])), "acc": 100 * float(acc[r]),
+         "lo": 100 * float(lo[r]), "hi": 100 * float(hi[r])}
+        for r in range(modulus)
+    ]
+    use_s = stride is not None and 0 < stride < modulus and modulus % stride == 0
+    per = periodicity_test(acc, stride, n_perm=n_perm, seed=seed) if use_s else {"period": stride, "p_value": None}
+    return PhaseSummary(
+        groups=groups,
+        mean=100 * point["mean"],
+        worst=100 * point["worst"],
+        best=100 * point["best"],
+        gap=100 * point["gap"],
+        gap_ci=[100 * float(x) for x in ci["gap"]],
+        mean_ci=[100 * float(x) for x in ci["mean"]],
+        worst_ci=[100 * float(x) for x in ci["worst"]],
+        best_ci=[100 * float(x) for x in ci["best"]],
+        fold_consistency=100 * fold_consistency(acc, stride) if use_s else None,
+        periodicity=per,
+        detected_period=detected_period(acc, var),
+        interval=interval,
+    )
