@@ -19,8 +19,10 @@ app = typer.Typer(
 def _mount() -> None:
     # one line per room; a room registers its commands on `app` (or a sub-app)
     from phasekv.model import cli as model_cli
+    from phasekv.theory import cli as theory_cli
 
     model_cli.register(app)
+    app.add_typer(theory_cli.app, name="theory")
 
 
 def main() -> None:
