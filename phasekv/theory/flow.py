@@ -46,16 +46,19 @@ class LogLinearGates(torch.nn.Module):
         self.c = torch.nn.Parameter(direction * radius)  # uniform in the ball of radius rho
 
     def forward(self, X: torch.Tensor, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """X (N, d); ctx (R, B, L, S) -> p^K, p^V, each (R, B, m, L, S)."""
-        R, B, L, S = ctx.shape
-        N = X.shape[0]
-        m = self.c.shape[2]
-        scores = torch.einsum("rkmsd,nd->rsnkm", self.c, X).reshape(R, S * N, 2 * m)  # <c_{h,s}, x_n>
-        flat = (torch.arange(S) * N + ctx).reshape(R, B * L * S)  # (R, BLS): index s*N + token
-        picked = scores.gather(1, flat[..., None].expand(-1, -1, 2 * m))  # (R, BLS, 2m)
-        picked = picked.view(R, B, L, S, 2, m).permute(4, 0, 1, 5, 2, 3)  # (2, R, B, m, L, S)
-        p = picked.softmax(-1)
-        return p[0], p[1]
+        return gate_probs(self.c, X, ctx)
+
+
+def gate_probs(c: torch.Tensor, X: torch.Tensor, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """p^B_{h,l}(r) ~ exp<c^B_{h,r}, x_{l,r}>. c (R, 2, m, S, d); X (N, d); ctx (R, B, L, S) -> p^K, p^V (R, B, m, L, S)."""
+    R, B, L, S = ctx.shape
+    N, m = X.shape[0], c.shape[2]
+    scores = torch.einsum("rkmsd,nd->rsnkm", c, X).reshape(R, S * N, 2 * m)  # <c_{h,s}, x_n>
+    flat = (torch.arange(S) * N + ctx).reshape(R, B * L * S)  # (R, BLS): index s*N + token
+    picked = scores.gather(1, flat[..., None].expand(-1, -1, 2 * m))  # (R, BLS, 2m)
+    picked = picked.view(R, B, L, S, 2, m).permute(4, 0, 1, 5, 2, 3)  # (2, R, B, m, L, S)
+    p = picked.softmax(-1)
+    return p[0], p[1]
 
 
 def run_losses(gates: LogLinearGates, X, G, ctx, cfg) -> torch.Tensor:
