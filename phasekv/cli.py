@@ -16,6 +16,19 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _options(
+    threads: int = typer.Option(
+        None, "--threads", envvar="PHASEKV_THREADS",
+        help="CPU threads for torch (default 1: on a shared 2-core machine more threads are often slower).",
+    ),
+) -> None:
+    """phasekv: find, explain and repair periodic weak spots of compressed-KV-cache language models."""
+    import torch
+
+    torch.set_num_threads(threads or 1)
+
+
 def _mount() -> None:
     # one line per room; a room registers its commands on `app` (or a sub-app)
     from phasekv.model import cli as model_cli
