@@ -58,6 +58,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    def __str__(self) -> str:
+        return self.name
+
     # ---- derived ----
     @property
     def compressed(self) -> bool:
