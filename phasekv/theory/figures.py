@@ -87,6 +87,8 @@ def coverage_figure(cov: pd.DataFrame, path: Path, max_runs: int = 4) -> None:
             g = d[d.run == run].sort_values("position")
             colors = ["tab:green" if c else "tab:red" for c in g.covered]
             ax.bar(g.position, g.accuracy, color=colors)
+            weak = g[~g.covered]  # zero-height bars are invisible: mark uncovered positions
+            ax.plot(weak.position, weak.accuracy.clip(lower=0.03), "x", color="tab:red", ms=8, mew=2)
             chosen = [int(p) for p in g.chosen_positions.iloc[0].split(",")]
             for h, p in enumerate(chosen):
                 ax.plot(p, 1.05 + 0.08 * chosen[:h].count(p), marker="v", color=f"C{h}", ms=6)
@@ -97,5 +99,7 @@ def coverage_figure(cov: pd.DataFrame, path: Path, max_runs: int = 4) -> None:
         for ax in row[len(runs):]:
             ax.axis("off")
         row[0].set_ylabel(label.replace(" kappa", "\nkappa"), fontsize=6)
-    fig.suptitle("Retrieval accuracy by position (green: some head chose it; triangles: heads' positions)", fontsize=9)
+    fig.suptitle("Retrieval accuracy by position (green: some head chose it, red x: none did; "
+                 "triangles: heads' positions)", fontsize=9)
+    fig.tight_layout()
     save_figure(fig, path)
