@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from phasekv.attention import blockwise
 from phasekv.attention.cache import CompressedLayerCache, FullLayerCache
 from phasekv.attention.compressor import Compressor, Partial
 from phasekv.attention.norm import RMSNorm
@@ -92,7 +93,11 @@ class Attention(nn.Module):
         raw = [b.finalize(b.partial(windows)) for b in self.compressor.branches()]  # (B, n_kv, n, D) each
         j = torch.arange(windows.shape[1], device=pos.device)
         ek, ev = self._entry_kv(raw, j)
-        mask = self.grid.mask(pos, j, pos)
+        if blockwise.backend() == "blockwise":
+            return blockwise.blockwise_attention(q, pos, ek, ev, k, v, self.grid)
+        if blockwise.backend() == "flex":
+            return blockwise.flex_attention(q, pos, ek, ev, k, v, self.grid)
+        mask = self.grid.mask(pos, j, pos)  # the reference: dense (T, n + T) mask
         return attend(q, torch.cat([ek, k], 2), torch.cat([ev, v], 2), mask)
 
     def _compressed_cached(self, q, k, v, h, pos, cache: CompressedLayerCache) -> torch.Tensor:

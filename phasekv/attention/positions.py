@@ -38,16 +38,24 @@ class Grid:
         n = torch.div(t - self.offset - self.window + 1, self.stride, rounding_mode="floor")  # newest j
         return torch.where(n >= 0, self.entry_end(n), torch.full_like(t, -1))
 
+    def sees_entry(self, t: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """Elementwise (broadcasting) rule: entry j is complete by query position t."""
+        return self.entry_end(j) <= t
+
+    def sees_exact(self, t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """Elementwise (broadcasting) rule: the exact token at p is visible to the query at t."""
+        causal = p <= t
+        if self.local_window is not None:
+            return causal & (p > t - self.local_window)
+        return causal & (p > self.last_visible_end(t))
+
     def entry_visible(self, t: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """(Tq, n_e) bool: entry j is complete by query position t."""
-        return self.entry_end(j)[None, :] <= t[:, None]
+        return self.sees_entry(t[:, None], j[None, :])
 
     def exact_visible(self, t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """(Tq, n_x) bool: exact token at p is visible to the query at t."""
-        causal = p[None, :] <= t[:, None]
-        if self.local_window is not None:
-            return causal & (p[None, :] > t[:, None] - self.local_window)
-        return causal & (p[None, :] > self.last_visible_end(t)[:, None])
+        return self.sees_exact(t[:, None], p[None, :])
 
     def mask(self, t: torch.Tensor, j: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """(Tq, n_e + n_x) bool over [entries, exact tokens]: one softmax runs over the True keys."""

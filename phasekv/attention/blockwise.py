@@ -1,0 +1,122 @@
+"""Compressed attention without the dense (T, n + T) mask: O(T (T/S + n_local)) time and memory.
+
+Queries run in blocks of consecutive positions. Visibility only grows with t, so the entries a block
+can see are a prefix (those complete by its last query, `Grid.n_complete`), and its exact tokens lie
+in a band: its own tokens and the `Grid.exact_keep` tokens before them, plus any exact tokens held
+outside the sequence (a decode ring). `Grid.mask` on that small key set then shows every query exactly
+the keys the reference `attend` over the dense mask shows it, and one SDPA call per block runs one
+softmax per query over them. `Grid` stays the only place that states the visibility rule.
+
+Backends: `blockwise` (default, every device), `flex` (FlexAttention with a block mask built from
+the same rule; compiled on CUDA, eager elsewhere, where it is for testing only) and `reference`
+(the dense mask, the obviously correct O(T^2) version). Select one with `use_backend(name)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+from phasekv.attention.positions import Grid
+from phasekv.errors import ConfigError
+
+BACKENDS = ("blockwise", "flex", "reference")
+_backend = "blockwise"
+
+
+def block_size(device: torch.device) -> int:
+    """Queries per block: small on CPU (work ~ block * (n_visible + block)), large on GPUs (launch cost)."""
+    return 128 if device.type == "cpu" else 1024
+
+
+def backend() -> str:
+    return _backend
+
+
+@contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Run compressed layers' parallel attention with `name` (one of BACKENDS) inside the block."""
+    global _backend
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown attention backend {name!r}; known: {', '.join(BACKENDS)}")
+    previous, _backend = _backend, name
+    try:
+        yield
+    finally:
+        _backend = previous
+
+
+def blockwise_attention(
+    q: torch.Tensor,
+    pos: torch.Tensor,
+    ek: torch.Tensor,
+    ev: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grid: Grid,
+    ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    block: int | None = None,
+) -> torch.Tensor:
+    """q (B, H, T, D) at contiguous positions pos (T,); entries ek, ev (B, n_kv, n, D) numbered 0..n-1;
+    exact k, v (B, n_kv, T, D) of the same positions; ring: exact rk, rv (B, n_kv, R, D) at rpos (R,)
+    held from before pos[0]. Returns (B, H, T, D), equal to `attend` over `Grid.mask`."""
+    block = block or block_size(q.device)
+    tied = ev is ek and v is k
+    rk, rv, rpos = ring if ring is not None else (k[:, :, :0], v[:, :, :0], pos[:0])
+    j = torch.arange(ek.shape[2], device=q.device)
+    t0, keep = int(pos[0]), grid.exact_keep
+    k_bands = _bands(k, block, keep)
+    v_bands = k_bands if tied else _bands(v, block, keep)
+    out = []
+    # split / unfold + unbind, not slicing: their backward is one op, not a zero-filled full-size grad per block
+    for i, q_b in enumerate(q.split(block, 2)):
+        a = i * block
+        b = a + q_b.shape[2]
+        n_b = min(ek.shape[2], grid.n_complete(t0 + b))  # entries complete by the block's last query
+        lo = max(0, a - keep + 1)  # oldest exact token the block's first query may see
+        band = slice(lo - (a - keep + 1), lo - (a - keep + 1) + b - lo)  # tokens lo..b-1 in the padded band
+        mask = grid.mask(pos[a:b], j[:n_b], torch.cat([rpos, pos[lo:b]]))  # (b - a, n_b + R + b - lo)
+        keys = torch.cat([ek[:, :, :n_b], rk, k_bands[i][:, :, band]], 2)  # (B, n_kv, n_b + R + b - lo, D)
+        values = keys if tied else torch.cat([ev[:, :, :n_b], rv, v_bands[i][:, :, band]], 2)
+        out.append(F.scaled_dot_product_attention(q_b, keys, values, attn_mask=mask, enable_gqa=True))
+    return torch.cat(out, 2)  # (B, H, T, D)
+
+
+def _bands(x: torch.Tensor, block: int, keep: int) -> list[torch.Tensor]:
+    """Per query block i, the exact tokens i*block - keep + 1 .. (i+1)*block - 1 of x (B, n_kv, T, D),
+    zero-padded outside 0..T-1: a list of (B, n_kv, block + keep - 1, D) views of one padded copy."""
+    T = x.shape[2]
+    n_blocks = -(-T // block)
+    padded = F.pad(x, (0, 0, keep - 1, n_blocks * block - T))  # (B, n_kv, keep - 1 + n_blocks * block, D)
+    return list(padded.unfold(2, block + keep - 1, block).transpose(-1, -2).unbind(2))
+
+
+_compiled_flex = None
+
+
+def flex_attention(
+    q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    grid: Grid,
+) -> torch.Tensor:
+    """The parallel path with FlexAttention: keys [entries, exact tokens], a block mask from `Grid`'s rule."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    n, T, t0 = ek.shape[2], q.shape[2], int(pos[0])
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        t = q_idx + t0
+        return torch.where(kv_idx < n, grid.sees_entry(t, kv_idx), grid.sees_exact(t, kv_idx - n + t0))
+
+    run = flex
+    if q.is_cuda:
+        _compiled_flex = _compiled_flex or torch.compile(flex)
+        run = _compiled_flex
+    mask = create_block_mask(mask_mod, None, None, T, n + T, device=q.device)
+    keys = torch.cat([ek, k], 2)  # (B, n_kv, n + T, D)
+    values = keys if (ev is ek and v is k) else torch.cat([ev, v], 2)
+    return run(q, keys, values, block_mask=mask, enable_gqa=True)
