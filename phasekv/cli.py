@@ -32,9 +32,11 @@ def _options(
 def _mount() -> None:
     # one line per room; a room registers its commands on `app` (or a sub-app)
     from phasekv.model import cli as model_cli
+    from phasekv.report import cli as report_cli
     from phasekv.theory import cli as theory_cli
 
     model_cli.register(app)
+    report_cli.register(app)
     app.add_typer(theory_cli.app, name="theory")
 
 

@@ -1,0 +1,30 @@
+"""`phasekv report DIR`: the study report (HTML + PNG figures) from a study directory's results files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+console = Console()
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def report(
+        directory: Path = typer.Argument(..., help="Study directory (as written by `phasekv demo --out DIR`)."),
+        screenshot: Path = typer.Option(None, help="Also save a PNG screenshot of the report (needs chromium)."),
+        select: str = typer.Option(None, help="Model alias to select before the screenshot (e.g. w8s8-1kv)."),
+    ) -> None:
+        """Render DIR/report/index.html (one self-contained file: plotly inlined, tables readable without
+        JavaScript) and DIR/report/figures/*.png from the results files alone; no model is loaded."""
+        from phasekv.report.render import render_report
+
+        index = render_report(directory)
+        console.print(f"report: [bold]{index}[/] (figures in {index.parent / 'figures'})")
+        if screenshot is not None:
+            from phasekv.report.browser import screenshot_report
+
+            path = screenshot_report(index, screenshot, select=select)
+            console.print(f"screenshot: {path}")

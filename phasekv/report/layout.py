@@ -1,0 +1,71 @@
+"""Where a study directory keeps each stage's outputs: the one layout `phasekv demo` writes and
+`phasekv report` reads.
+
+    DIR/demo.json                         the demo's manifest: mode, models, settings, stage timings
+    DIR/runs/<alias>/                     training runs (`phasekv train`): config.json, metrics.jsonl, gates.jsonl
+    DIR/eval/lookup-<padding>/<alias>/    lookup evaluation (`phasekv eval lookup`): results.parquet, summary.json
+    DIR/eval/flip/<alias>/                filler sweep (`phasekv eval flip`)
+    DIR/eval/examples.json                a few lookup prompts as words, target marked (for the report)
+    DIR/analysis/knockout/<alias>/        KV-head knockouts (`phasekv analyze knockout`)
+    DIR/analysis/gates/<alias>/           gate concentration (`phasekv analyze gates`)
+    DIR/analysis/cycle/<alias>/           gate cycling (`phasekv analyze cycle`)
+    DIR/theory/{minimisers,flow,coverage}/  theory checks (`phasekv theory ...`)
+    DIR/report/index.html                 the report; DIR/report/figures/*.png its figures as PNG
+
+`<alias>` is the model's ASCII alias (`w8s8-1kv`), so directory names stay portable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PADDINGS = ("prefix", "in-sequence")
+ANALYSES = ("knockout", "gates", "cycle")
+THEORY_CHECKS = ("minimisers", "flow", "coverage")
+RESULTS, SUMMARY = "results.parquet", "summary.json"
+
+
+class Layout:
+    """Paths of one study directory."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "demo.json"
+
+    def run(self, alias: str) -> Path:
+        return self.root / "runs" / alias
+
+    def lookup(self, padding: str, alias: str) -> Path:
+        return self.root / "eval" / f"lookup-{padding}" / alias
+
+    def flip(self, alias: str) -> Path:
+        return self.root / "eval" / "flip" / alias
+
+    @property
+    def examples(self) -> Path:
+        return self.root / "eval" / "examples.json"
+
+    def analysis(self, kind: str, alias: str) -> Path:
+        return self.root / "analysis" / kind / alias
+
+    @property
+    def theory(self) -> Path:
+        return self.root / "theory"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report"
+
+    def aliases(self, parent: Path) -> list[str]:
+        """Model directories under `parent` that hold a finished result (a summary.json)."""
+        if not parent.is_dir():
+            return []
+        return sorted(p.name for p in parent.iterdir() if p.is_dir() and (p / SUMMARY).is_file())
+
+
+def done(out: Path) -> bool:
+    """A stage's output directory is complete when both its results and its summary exist (written last)."""
+    return (out / SUMMARY).is_file() and (out / RESULTS).is_file()

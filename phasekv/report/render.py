@@ -1,0 +1,355 @@
+"""`phasekv report DIR`: render DIR/report/index.html (one self-contained file) and DIR/report/figures/*.png
+from the results files of a study directory (see `phasekv.report.layout`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from phasekv.errors import DataError
+from phasekv.report import checks, html, plots, pngs, published, tables
+from phasekv.report.html import esc, fmt
+from phasekv.report.layout import Layout
+from phasekv.report.load import Study, load_study
+
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+BASELINE_COLOR = "#222222"
+
+
+def model_colors(study: Study) -> dict[str, str]:
+    out, i = {}, 0
+    for alias, m in study.models.items():
+        if m.compressed:
+            out[alias] = PALETTE[i % len(PALETTE)]
+            i += 1
+        else:
+            out[alias] = BASELINE_COLOR
+    return out
+
+
+class Builder:
+    """Collects sections; writes each figure's PNG into figures/ and its interactive version into the page."""
+
+    def __init__(self, study: Study, fig_dir: Path):
+        self.study, self.fig_dir = study, fig_dir
+        self.colors = model_colors(study)
+        self.sections: list[tuple[str, str, str]] = []  # (anchor, title, html)
+        self.pngs: list[Path] = []
+        self.n_fig = 0
+
+    def add(self, anchor: str, title: str, body: str) -> None:
+        self.sections.append((anchor, title, body))
+
+    def fig(self, spec: dict | None, caption: str, png: Path | None) -> str:
+        if png is not None:
+            self.pngs.append(png)
+        if spec is None:
+            return ""
+        self.n_fig += 1
+        return html.figure(f"fig{self.n_fig}", spec, caption, f"figures/{png.name}" if png else None)
+
+    def png_path(self, name: str) -> Path:
+        return self.fig_dir / f"{name}.png"
+
+
+def missing(what: str, command: str) -> str:
+    return f'<p class="missing">No {what} in this directory (run <code>{esc(command)}</code>, or <code>phasekv demo</code>).</p>'
+
+
+def _check_rows(items: list[checks.Check]) -> str:
+    rows = []
+    for c in items:
+        verdict = ('<span class="na">not checked</span>' if c.passed is None else
+                   '<span class="pass">shown</span>' if c.passed else '<span class="fail">not shown</span>')
+        rows.append([esc(c.claim), verdict, esc(c.detail)])
+    return html.table(["claim", "verdict", "numbers"], rows, cls="checks")
+
+
+def section_verdicts(b: Builder) -> None:
+    parts = []
+    for group, items in checks.all_checks(b.study).items():
+        if items:
+            parts.append(f"<h3>{esc(group)}</h3>{_check_rows(items)}")
+    body = "".join(parts) or missing("results", "phasekv demo")
+    intro = ("<p>Every line is computed from this directory's results files: <em>shown</em> means the "
+             "measured numbers (with their 95% intervals) support the claim, <em>not shown</em> means they do "
+             "not. Nothing here is copied from the paper.</p>")
+    b.add("verdicts", "What these numbers show", intro + body)
+
+
+def section_runs(b: Builder) -> None:
+    df = tables.run_table(b.study)
+    rows = [[esc(r.model), f"<code>{esc(r.alias)}</code>", fmt(r.preset), fmt(r.steps), fmt(r.tokens), fmt(r.seed),
+             fmt(r.seconds, 0), fmt(r.val_loss, 3)] for r in df.itertuples()]
+    body = html.table(["model", "alias", "preset", "steps", "tokens", "seed", "train time (s)", "validation loss"],
+                      rows, list(df.alias))
+    spec = plots.training_figure(b.study, b.colors)
+    png = pngs.training_png(b.study, b.colors, b.png_path("training_loss"))
+    body += b.fig(spec, "Training loss per model.", png)
+    m = b.study.manifest
+    if m:
+        data = m.get("data") or {}
+        body += ("<p>Data: " + esc(str(data.get("description", data))) + "</p>") if data else ""
+    b.add("runs", "Models and training runs", body)
+
+
+def _int(v) -> str:
+    return "–" if v is None or v != v or not v else str(int(v))
+
+
+def _p(v) -> str:
+    return "–" if v is None or v != v else f"{v:.4f}"
+
+
+def _summary_rows(df, padding: str) -> tuple[list[list[str]], list[str]]:
+    rows = []
+    for r in df.itertuples():
+        pub = published.counterpart(r.model) if padding == "prefix" else None
+        p = published.LOOKUP_PREFIX.get(pub) if pub else None
+        rows.append([
+            esc(r.model), fmt(r.val_loss, 3), fmt(r.mean), fmt(r.worst), fmt(r.best),
+            f"{fmt(r.gap)} [{fmt(r.gap_lo)}, {fmt(r.gap_hi)}]", fmt(r.detected_period),
+            _int(r.stride), _p(r.p_value),
+            f'<span class="published">{esc(pub)}: {p[0]:.1f} / {p[1]:.1f} / {p[2]:.1f}</span>' if p else "–",
+        ])
+    return rows, list(df.alias)
+
+
+def section_lookup(b: Builder) -> None:
+    study = b.study
+    buttons = "".join(
+        f'<button data-model="{esc(a)}"><span class="swatch" style="background:{b.colors[a]}"></span>'
+        f"{esc(m.name)}</button>" for a, m in study.models.items())
+    body = (f'<div id="model-selector"><button data-model="all" class="active">all models</button>{buttons}</div>'
+            "<p>Select a model (buttons or table rows) to plot it against the others in grey and to mark its "
+            "stride's period boundaries (dashed).</p>")
+    any_ = False
+    for padding, stages in study.lookup.items():
+        if not stages:
+            continue
+        any_ = True
+        df = tables.summary_table(study, padding)
+        rows, models = _summary_rows(df, padding)
+        first = next(iter(stages.values())).summary
+        body += f"<h3>{esc(padding)} padding</h3>"
+        body += html.table(
+            ["model", "val. loss", "mean", "worst", "best", "gap [95% CI]", "detected period", "stride",
+             "periodicity p", f'<span class="published">{esc(published.SOURCE)}: mean / worst / gap</span>'],
+            rows, models)
+        interval = first.get("interval", "bootstrap")
+        body += (f"<p>Accuracy in percent over {fmt(int(df.n.iloc[0]))} prompts per model "
+                 f"({fmt(first['groups'][0]['n'])} per residue group, M = {first.get('modulus')}); gap = best − worst "
+                 f"group; its interval is a bootstrap over key–name mappings; group bands: {esc(interval)}. "
+                 "Published values are the paper's Qwen3-0.6B-shaped models (not run here) and only the "
+                 "pattern, not the level, is comparable with these tiny models.</p>")
+        body += b.fig(plots.residue_figure(study, padding, b.colors),
+                      f"Accuracy by target-key position mod {first.get('modulus')} ({esc(padding)} padding), 95% bands.",
+                      pngs.residue_png(study, padding, b.colors, b.png_path(f"accuracy_by_residue_{padding}")))
+        body += b.fig(plots.fold_figure(study, padding, b.colors),
+                      "Fold view: each compressed model's profile cut into stride periods and overlaid "
+                      "(first period solid, later ones dashed); periodic weak spots line up.",
+                      pngs.fold_png(study, padding, b.colors, b.png_path(f"fold_{padding}")))
+    if not any_:
+        body += missing("lookup evaluation", "phasekv eval lookup")
+    b.add("lookup", "Lookup accuracy by residue", body)
+
+
+def _prompt_html(ex: dict) -> str:
+    marks = {i: cls for cls, idx in ex.get("highlight", {}).items() for i in idx}
+    words = [f'<mark class="{marks[i]}">{esc(w)}</mark>' if i in marks else esc(w) for i, w in enumerate(ex["words"])]
+    return f'<p>{esc(ex.get("title", ""))}</p><div class="prompt">{" ".join(words)}</div>'
+
+
+def section_examples(b: Builder) -> None:
+    exs = b.study.examples
+    if not exs:
+        b.add("examples", "Example prompts", missing("example prompts", "phasekv demo"))
+        return
+    body = ('<p>Words as the model sees them (one token each). <mark class="target" style="background:#ffd54f">'
+            'target key</mark>, <mark class="answer" style="background:#a5d6a7">answer</mark>, '
+            '<mark class="query" style="background:#90caf9">query</mark>.</p>')
+    body += "".join(_prompt_html(ex) for ex in exs)
+    b.add("examples", "Example prompts", body)
+
+
+def section_flip(b: Builder) -> None:
+    study = b.study
+    if not study.flip:
+        b.add("flip", "Filler sweep", missing("filler sweep", "phasekv eval flip"))
+        return
+    rows = []
+    for alias, st in study.flip.items():
+        s = st.summary
+        rows.append([esc(study.models[alias].name), fmt(s.get("follow")), fmt(s.get("total")),
+                     fmt(s.get("follow_null")) if "follow_null" in s else "–"])
+    body = html.table(["model", "rankings following length mod S", "rankings", "expected by chance"], rows,
+                      list(study.flip))
+    body += b.fig(plots.flip_figure(study, b.colors),
+                  "Probability of the first candidate as filler is added one token at a time; select a model to "
+                  "mark its stride.", pngs.flip_png(study, b.colors, b.png_path("flip_sweep")))
+    b.add("flip", "Filler sweep", body)
+
+
+def section_knockout(b: Builder) -> None:
+    study, body = b.study, ""
+    for alias, st in study.analyses.get("knockout", {}).items():
+        m = study.models[alias]
+        if st.results is None:
+            continue
+        body += b.fig(plots.knockout_figure(st, m.name, m.stride),
+                      f"{esc(m.name)}: relative accuracy change when one KV head's query-head outputs at the final "
+                      "position are replaced by their calibration mean (red lost, blue gained, clipped ±100%).",
+                      pngs.knockout_png(st, m.name, m.stride, b.png_path(f"knockout_{alias}")))
+    b.add("knockout", "Knockout maps", body or missing("knockouts", "phasekv analyze knockout"))
+
+
+def section_gates(b: Builder) -> None:
+    study = b.study
+    spec = plots.gate_plane_figure(study, b.colors)
+    png = pngs.gate_plane_png(study, b.colors, b.png_path("gate_plane"))
+    if spec is None:
+        b.add("gates", "Gate concentration", missing("gate statistics", "phasekv analyze gates"))
+        return
+    body = b.fig(spec, "Each point is one KV head's key gate at the end of training: static effective number of "
+                 "offsets (horizontal) against the per-window one (vertical). Dashed: the diagonal (same scores in "
+                 "every window); dotted: the right edge W (uniform on average). Lines: training paths from step 1 "
+                 "(open circle). Uniform averaging has no gate and is omitted.", png)
+    rows = []
+    for alias, st in study.analyses.get("gates", {}).items():
+        if st.results is None or "static" not in st.results:
+            continue
+        m = study.models[alias]
+        for r in tables.gate_points(st).itertuples():
+            rows.append([esc(m.name), fmt(int(r.layer)), fmt(int(r.kv_head)), fmt(r.static, 2), fmt(r.per_window, 2)])
+    body += html.table(["model", "layer", "KV head", "static (key)", "per-window (key)"], rows)
+    b.add("gates", "Gate concentration", body)
+
+
+def section_alignment(b: Builder) -> None:
+    study, body = b.study, ""
+    for alias, m in study.models.items():
+        spec = plots.alignment_figure(study, alias)
+        if spec is None:
+            continue
+        body += b.fig(spec, f"{esc(m.name)}: per KV head, the key gate's static concentration, the mean key and "
+                      "value gate scores by phase relative to uniform (value shifted back one offset), and the "
+                      "knockout effect by phase.", pngs.alignment_png(study, alias, b.png_path(f"alignment_{alias}")))
+    b.add("alignment", "Gate preferences vs knockout losses",
+          body or missing("gate statistics with knockouts", "phasekv analyze gates / knockout"))
+
+
+def section_cycle(b: Builder) -> None:
+    study = b.study
+    body = b.fig(plots.r2_figure(study), "R² of predicted against observed accuracy change per model and δ "
+                 f"(published range: {published.CYCLING_R2[0]:.2f}–{published.CYCLING_R2[1]:.2f}, labelled "
+                 "published, not measured here).", pngs.r2_png(study, b.png_path("cycling_r2")))
+    grid = tables.r2_grid(study)
+    if grid is not None:
+        rows = [[esc(study.models[r.alias].name if r.alias in study.models else r.alias), f"{r.delta:+d}",
+                 fmt(r.r2, 2), f"[{fmt(r.lo, 2)}, {fmt(r.hi, 2)}]"] for r in grid.itertuples()]
+        body += html.table(["model", "δ", "R²", "95% CI"], rows)
+    for alias in study.analyses.get("cycle", {}):
+        body += b.fig(plots.cycle_figure(study, alias, b.colors),
+                      "Observed accuracy after cycling the gates by δ (solid) against the prediction "
+                      "A₀((r − δ) mod S) (dashed).", pngs.cycle_png(study, alias, b.png_path(f"cycling_{alias}")))
+    b.add("cycling", "Gate cycling", body or missing("gate cycling", "phasekv analyze cycle"))
+
+
+def section_theory(b: Builder) -> None:
+    study, body = b.study, ""
+    for check, st in study.theory.items():
+        s = st.summary
+        verdict = s.get("claim_reproduced")
+        tag = '<span class="na">not stated</span>' if verdict is None else (
+            '<span class="pass">reproduced</span>' if verdict else '<span class="fail">not reproduced</span>')
+        body += f"<h3>{esc(check)}: {esc(s.get('check', ''))} — {tag}</h3>"
+        if s.get("method"):
+            body += f"<p>{esc(s['method'])}</p>"
+        for png in sorted(st.path.glob("*.png")):
+            dest = b.png_path(f"theory_{check}_{png.stem}")
+            shutil.copyfile(png, dest)
+            b.pngs.append(dest)
+            body += html.image(png, f"{esc(check)}: {esc(png.stem.replace('_', ' '))}", f"figures/{dest.name}")
+    b.add("theory", "Theory: the idealised induction model",
+          body or missing("theory checks", "phasekv theory minimisers|flow|coverage"))
+
+
+def section_published(b: Builder) -> None:
+    rows = [[f'<span class="published">{esc(k)}</span>', *(f"{x:.1f}" for x in v)]
+            for k, v in published.LOOKUP_PREFIX.items()]
+    body = ('<p class="published">These are the paper\'s numbers (SPEC §7), from Qwen3-0.6B-shaped models and '
+            "DeepSeek models. They are not produced by this code and are shown only for comparison.</p>")
+    body += "<h3>Controlled lookup, prefix padding (published)</h3>"
+    body += html.table(['<span class="published">model (published)</span>', "mean", "worst", "gap"], rows)
+    body += "<h3>Needle test, 128K tokens (published)</h3>"
+    body += html.table(['<span class="published">model (published)</span>', "gap (points)"],
+                       [[f'<span class="published">{esc(k)}</span>', f"{v:.1f}"] for k, v in published.NEEDLE_GAP.items()])
+    body += (f'<p class="published">Published: full-attention baselines stay within {published.BASELINE_GAP_MAX} '
+             f"points, compressed runs reach {published.COMPRESSED_GAP_MAX:.0f}; gate cycling R² excluding the "
+             f"boundary phase {published.CYCLING_R2[0]:.2f}–{published.CYCLING_R2[1]:.2f}.</p>")
+    b.add("published", "Published numbers (for comparison)", body)
+
+
+def header(study: Study) -> str:
+    m = study.manifest
+    bits = []
+    if m:
+        bits.append(f"mode: {esc(str(m.get('mode', '?')))} · preset {esc(str(m.get('preset', '?')))}")
+        if m.get("seconds") is not None:
+            bits.append(f"end-to-end time: {m['seconds'] / 60:.1f} min on {esc(str(m.get('threads', '?')))} "
+                        f"thread(s), {esc(str(m.get('machine', '')))}")
+        if m.get("created"):
+            bits.append(f"created {esc(m['created'])} · phasekv {esc(str(m.get('version', '')))}")
+    bits.append(f"study directory: <code>{esc(str(study.root))}</code>")
+    return "<h1>phasekv report: periodic weak spots of compressed KV caches</h1>" + "".join(f"<p>{x}</p>" for x in bits)
+
+
+def _honest_note(study: Study) -> str:
+    m = study.manifest
+    note = ("These are tiny models trained for minutes on a CPU with phasekv's synthetic associative-recall data; "
+            "the study's models are Qwen3-0.6B-shaped and trained on text. The report compares patterns (gap, "
+            "period, fold), not levels, and says where the tiny models do not reproduce an effect.")
+    if m.get("mode") == "quick":
+        note += (" This is a --quick smoke run: models are trained for very few steps and evaluated on few prompts, "
+                 "so most effects are expected NOT to show; run the full demo for the study's figures.")
+    return f'<p class="note">{esc(note)}</p>'
+
+
+def render_report(root: str | os.PathLike, progress: bool = True) -> Path:
+    """Render ROOT/report/index.html and ROOT/report/figures/*.png; returns the index path."""
+    from plotly.offline import get_plotlyjs
+
+    study = load_study(root)
+    if not study.has_results() and not study.models:
+        raise DataError(f"{root}: no results to report (expected runs/, eval/, analysis/ or theory/ inside)")
+    out = Layout(root).report
+    fig_dir = out / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    b = Builder(study, fig_dir)
+    t0 = time.time()
+    steps = [section_verdicts, section_runs, section_lookup, section_examples, section_flip, section_knockout,
+             section_gates, section_alignment, section_cycle, section_theory, section_published]
+    from rich.progress import Progress
+
+    with Progress(disable=not progress, transient=True) as prog:
+        task = prog.add_task("report", total=len(steps))
+        for step in steps:
+            prog.update(task, description=f"report: {step.__name__.removeprefix('section_')}")
+            step(b)
+            prog.advance(task)
+    toc = '<nav class="toc">' + "".join(f'<a href="#{a}">{esc(t)}</a>' for a, t, _ in b.sections) + "</nav>"
+    body = _honest_note(study) + toc + "".join(f'<section id="{a}"><h2>{esc(t)}</h2>{h}</section>'
+                                               for a, t, h in b.sections)
+    body += (f'<p class="missing">Rendered in {time.time() - t0:.1f} s from the results files alone; PNG versions of '
+             f"every figure are in <code>figures/</code> beside this file.</p>")
+    page = html.page("phasekv report", header(study), body, get_plotlyjs())
+    index = out / "index.html"
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=".index.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(page)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, index)
+    return index

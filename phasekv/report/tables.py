@@ -1,0 +1,124 @@
+"""Tidy tables the report's figures and HTML tables are drawn from (one place per stage schema)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from phasekv.report.load import Model, Stage, Study
+
+
+def val_loss(model: Model) -> float | None:
+    """Last validation loss of a run (metrics.jsonl), else its final training loss."""
+    m = model.metrics
+    if m is None:
+        return model.run.get("val_loss")
+    for col in ("val_loss", "loss"):
+        if col in m and m[col].notna().any():
+            return float(m[col].dropna().iloc[-1])
+    return None
+
+
+def summary_table(study: Study, padding: str) -> pd.DataFrame:
+    """One row per evaluated model: validation loss, mean, worst, best, gap with interval, detected period."""
+    rows = []
+    for alias, stage in study.lookup.get(padding, {}).items():
+        m, s = study.models[alias], stage.summary
+        lo, hi = s.get("gap_ci") or (np.nan, np.nan)
+        rows.append({
+            "alias": alias, "model": m.name, "stride": m.stride or None, "val_loss": val_loss(m),
+            "mean": s["mean"], "worst": s["worst"], "best": s["best"], "gap": s["gap"], "gap_lo": lo, "gap_hi": hi,
+            "detected_period": s.get("detected_period"), "p_value": (s.get("periodicity") or {}).get("p_value"),
+            "fold_consistency": s.get("fold_consistency"), "n": sum(g["n"] for g in s["groups"]),
+        })
+    return pd.DataFrame(rows)
+
+
+def profile(stage: Stage) -> pd.DataFrame:
+    """Accuracy by residue with its interval (percent)."""
+    return pd.DataFrame(stage.summary["groups"]).sort_values("residue")
+
+
+def run_table(study: Study) -> pd.DataFrame:
+    """Each model's training settings and outcome."""
+    rows = []
+    for alias, m in study.models.items():
+        r = m.run
+        rows.append({
+            "model": m.name, "alias": alias, "preset": r.get("preset"), "steps": r.get("steps"),
+            "tokens": r.get("tokens"), "seed": r.get("seed"), "seconds": r.get("seconds", r.get("elapsed")),
+            "val_loss": val_loss(m),
+        })
+    return pd.DataFrame(rows)
+
+
+def head_label(layer: int, kv_head: int, n_kv: int) -> str:
+    return f"layer {layer}" if n_kv == 1 else f"layer {layer} · KV {kv_head}"
+
+
+def knockout_matrix(stage: Stage, stride: int, folded: bool) -> tuple[list[str], list[int], np.ndarray]:
+    """Rows KV heads, columns residues (or phases when folded): relative accuracy change in percent,
+    clipped at ±100. Folding averages the residues of each phase."""
+    df = stage.results
+    col = "phase" if folded else "residue"
+    d = df.copy()
+    if folded:
+        d["phase"] = d["residue"] % stride
+    d = d.groupby(["layer", "kv_head", col], as_index=False)["rel_change"].mean()
+    n_kv = int(d.kv_head.max()) + 1
+    heads = sorted({(int(a), int(b)) for a, b in zip(d.layer, d.kv_head, strict=True)})
+    cols = sorted(int(c) for c in d[col].unique())
+    z = np.full((len(heads), len(cols)), np.nan)
+    hi, ci = {h: i for i, h in enumerate(heads)}, {c: i for i, c in enumerate(cols)}
+    for r in d.itertuples():
+        z[hi[(int(r.layer), int(r.kv_head))], ci[int(getattr(r, col))]] = r.rel_change
+    return [head_label(a, b, n_kv) for a, b in heads], cols, np.clip(z, -100, 100)
+
+
+def gate_points(stage: Stage, branch: str = "key") -> pd.DataFrame:
+    """Final static / per-window concentration per KV head (one branch)."""
+    d = stage.results
+    d = d[d.branch == branch] if "branch" in d else d
+    return d.groupby(["layer", "kv_head"], as_index=False)[["static", "per_window"]].first()
+
+
+def gate_scores(stage: Stage, branch: str) -> tuple[list[str], list[int], np.ndarray] | None:
+    """Mean gate score by phase relative to uniform (1 = uniform), rows KV heads."""
+    d = stage.results
+    if "phase" not in d or "score" not in d:
+        return None
+    d = d[d.branch == branch]
+    if d.empty:
+        return None
+    n_kv = int(d.kv_head.max()) + 1
+    heads = sorted({(int(a), int(b)) for a, b in zip(d.layer, d.kv_head, strict=True)})
+    phases = sorted(int(p) for p in d.phase.unique())
+    z = np.full((len(heads), len(phases)), np.nan)
+    for r in d.itertuples():
+        z[heads.index((int(r.layer), int(r.kv_head))), phases.index(int(r.phase))] = r.score
+    return [head_label(a, b, n_kv) for a, b in heads], phases, z
+
+
+def gate_path(model: Model, branch: str = "key") -> pd.DataFrame | None:
+    """Training paths (step, layer, kv_head, static, per_window) of one branch from gates.jsonl."""
+    g = model.gate_paths
+    if g is None or not {"static", "per_window", "step"} <= set(g):
+        return None
+    if "branch" in g:
+        g = g[g.branch == branch]
+    return g.sort_values("step")
+
+
+def r2_grid(study: Study) -> pd.DataFrame | None:
+    """Gate cycling R² (excluding the boundary phase) per model and delta, with bootstrap intervals."""
+    rows = []
+    for alias, stage in study.analyses.get("cycle", {}).items():
+        for r in stage.summary.get("r2", []):
+            rows.append({"alias": alias, "delta": int(r["delta"]), "r2": r.get("r2"), "lo": r.get("lo"),
+                         "hi": r.get("hi")})
+    return pd.DataFrame(rows) if rows else None
+
+
+def flip_table(stage: Stage) -> pd.DataFrame:
+    """P(candidate) per (family, length, candidate)."""
+    return stage.results.sort_values(["family", "candidate", "length"])

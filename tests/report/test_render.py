@@ -1,0 +1,137 @@
+import json
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from phasekv.errors import DataError
+from phasekv.report import checks, load_study, published, render_report
+
+
+class _Text(HTMLParser):
+    """Text and table cells of a page, ignoring <script> and <style> (what a reader without JS sees)."""
+
+    def __init__(self):
+        super().__init__()
+        self.skip, self.text, self.cells, self.sections = 0, [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("script", "style"):
+            self.skip += 1
+        if tag == "section":
+            self.sections.append(dict(attrs).get("id"))
+
+    def handle_endtag(self, tag):
+        if tag in ("script", "style"):
+            self.skip -= 1
+
+    def handle_data(self, data):
+        if not self.skip:
+            self.text.append(data)
+
+
+@pytest.fixture(scope="module")
+def page(study_dir):
+    html = (study_dir / "report" / "index.html").read_text()
+    parser = _Text()
+    parser.feed(html)
+    return html, " ".join(parser.text), parser.sections
+
+
+def test_every_section_is_present(page):
+    _, _, sections = page
+    assert sections == ["verdicts", "runs", "lookup", "examples", "flip", "knockout", "gates", "alignment",
+                        "cycling", "theory", "published"]
+
+
+def test_self_contained_no_network(page):
+    html, _, _ = page
+    assert "Plotly" in html and len(html) > 3_000_000  # plotly.js inlined
+    assert not re.search(r"""<(script|link|img)[^>]+(src|href)=["']https?://""", html)
+    assert "<script src=" not in html
+
+
+def test_tables_readable_without_javascript(page, study_dir):
+    _, text, _ = page
+    study = load_study(study_dir)
+    s = study.lookup["prefix"]["w8s8-1kv"].summary
+    # the W8/S8 row of the summary table, straight from its summary.json
+    assert "W8/S8 · 1 KV" in text
+    assert f"{s['gap']:.1f} [{s['gap_ci'][0]:.1f}, {s['gap_ci'][1]:.1f}]" in text
+    assert f"{s['mean']:.1f}" in text
+
+
+def test_published_numbers_labelled(page):
+    html, text, _ = page
+    assert "published (paper, SPEC §7)" in text
+    for name, (mean, worst, gap) in published.LOOKUP_PREFIX.items():
+        assert f"{name}: {mean:.1f} / {worst:.1f} / {gap:.1f}" in text  # beside our rows, labelled
+    # published numbers sit only in cells marked as published (page body, figure data and images removed)
+    body = re.sub(r"<script.*?</script>|src=\"data:[^\"]*\"", "", html.split("<main>", 1)[1], flags=re.S)
+    for v in ("75.3", "39.8", "40.2"):
+        hits = list(re.finditer(re.escape(v), body))
+        assert hits, v
+        for m in hits:
+            assert "published" in body[max(0, m.start() - 300): m.start()].lower(), v
+
+
+def test_pngs_beside_every_figure(study_dir, page):
+    html, _, _ = page
+    figs = study_dir / "report" / "figures"
+    linked = set(re.findall(r'href="figures/([^"]+\.png)"', html))
+    assert linked and linked == {p.name for p in figs.glob("*.png")}
+    for p in figs.glob("*.png"):
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    n_plots = html.count('class="pkv-plot"')
+    assert n_plots >= 10 and n_plots <= len(linked)
+
+
+def test_verdicts_follow_the_numbers(study_dir):
+    study = load_study(study_dir)
+    got = {c.claim: c.passed for c in checks.lookup_checks(study, "prefix")}
+    # planted: compressed models have a weak boundary phase, full attention is flat
+    assert got["W8/S8 · 1 KV: detected period equals the stride S=8"]
+    assert got["W6/S6 · 1 KV: detected period equals the stride S=6"]
+    assert got["W8/S4 · 1 KV: detected period equals the stride S=4"]
+    assert got["W8/S8 · 1 KV · uniform averaging: still periodic without a learned gate"]
+    assert got["W8/S8 · 1 KV: gap above Full attention · 1 KV's, intervals not overlapping"]
+
+
+def test_verdict_fails_when_numbers_do_not_show_it(study_dir, tmp_path):
+    import shutil
+
+    root = tmp_path / "flat"
+    shutil.copytree(study_dir, root)
+    path = root / "eval" / "lookup-prefix" / "w8s8-1kv" / "summary.json"
+    s = json.loads(path.read_text())
+    s["gap_ci"] = [0.0, 20.0]
+    s["detected_period"] = 1
+    path.write_text(json.dumps(s))
+    render_report(root, progress=False)
+    got = {c.claim: c.passed for c in checks.lookup_checks(load_study(root), "prefix")}
+    assert got["W8/S8 · 1 KV: detected period equals the stride S=8"] is False
+    assert got["W8/S8 · 1 KV: gap above Full attention · 1 KV's, intervals not overlapping"] is False
+    assert "not shown" in (root / "report" / "index.html").read_text()
+
+
+def test_missing_stages_are_said_missing(tmp_path, study_dir):
+    import shutil
+
+    root = tmp_path / "partial"
+    shutil.copytree(study_dir / "eval", root / "eval")
+    render_report(root, progress=False)
+    html = (root / "report" / "index.html").read_text()
+    assert "No knockouts in this directory" in html
+    assert "No theory checks in this directory" in html
+
+
+def test_empty_or_missing_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(DataError, match="no such study directory"):
+        render_report(tmp_path / "nope", progress=False)
+    with pytest.raises(DataError, match="no results to report"):
+        render_report(tmp_path, progress=False)
+
+
+def test_example_prompt_highlighted(page):
+    html, _, _ = page
+    assert '<mark class="target">cat</mark> <mark class="answer">anna</mark>' in html
