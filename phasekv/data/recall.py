@@ -29,11 +29,12 @@ from phasekv.errors import ConfigError, DataError
 @dataclass
 class RecallConfig:
     seq_len: int = 128  # tokens per sequence incl. <bos>; the tail after the last query is padding
-    min_records: int = 8  # records per sequence, uniform in [min_records, max_records]
+    min_records: int = 8  # records per sequence, uniform in [min_records, max_records] (fewer when a long
+    #                       prefix and gaps leave no room: the records that fit, then at least one query)
     max_records: int = 16
     max_prefix: int = 24  # filler tokens before the first record: uniform in 0..max_prefix-1
     gap_prob: float = 0.25  # chance that a record or query is followed by filler
-    max_gap: int = 2  # a gap holds 1..max_gap filler words
+    max_gap: int = 2  # a gap holds 1..max_gap filler tokens
     keys: str = "animals"  # word list of the keys
     values: str = "names"  # word list of the values
     filler: str = "filler"  # word list of prefixes and gaps
@@ -46,9 +47,9 @@ class RecallConfig:
             raise ConfigError(f"recall records: need 1 <= min_records <= max_records, got {self.min_records}, {self.max_records}")
         if self.max_prefix < 1 or self.max_gap < 1 or not 0 <= self.gap_prob <= 1:
             raise ConfigError("recall: max_prefix and max_gap must be >= 1 and gap_prob in [0, 1]")
-        need = 1 + (self.max_prefix - 1) + self.max_records * (2 + self.max_gap) + 1 + 2
+        need = 1 + (self.max_prefix - 1) + self.min_records * (2 + self.max_gap) + 1 + 2
         if self.seq_len < need:
-            raise ConfigError(f"recall seq_len={self.seq_len} is too short for max_records={self.max_records} "
+            raise ConfigError(f"recall seq_len={self.seq_len} is too short for min_records={self.min_records} "
                               f"and max_prefix={self.max_prefix} (need >= {need})")
 
     @classmethod
@@ -106,35 +107,41 @@ class RecallStream:
             labels.extend([IGNORE] * len(tokens))
             answer.extend([-1] * len(tokens))
 
-        def filler(k: int):
-            for w in rng.integers(0, len(self.filler), k):
-                put(self.filler[w])
+        def filler(k: int):  # exactly k tokens of filler words (the last word may be cut)
+            target = len(ids) + k
+            while len(ids) < target:
+                put(self.filler[int(rng.integers(0, len(self.filler)))][: target - len(ids)])
 
         def gap():
             if rng.random() < c.gap_prob:
                 filler(int(rng.integers(1, c.max_gap + 1)))
 
         filler(int(rng.integers(0, c.max_prefix)))
-        key_pos = []
+        key_pos, longest = [], 0
         for k, v in zip(keys, vals, strict=True):
+            size = len(self.keys[k]) + len(self.values[v])
+            longest = max(longest, size)
+            if len(ids) + size + len(self.marker) + longest > c.seq_len:
+                break  # long prefix and gaps: fewer records, so that at least one query still fits
             key_pos.append(len(ids))
             put(self.keys[k])
             put(self.values[v])
             gap()
         put(self.marker)
+        n = len(key_pos)
         for r in rng.permutation(n):
             k, v = self.keys[keys[r]], self.values[vals[r]]
             if len(ids) + len(k) + len(v) > c.seq_len:
-                break
+                continue  # a shorter record may still fit
             put(k)
-            q = len(ids) - 1  # the queried key's last token predicts the value's first token
-            labels[q], answer[q] = v[0], key_pos[r]
-            for j in range(1, len(v)):  # multi-token values (BPE): the rest of the value is also trained
-                labels[q + j] = v[j]
             put(v)
+            q = len(ids) - len(v) - 1  # the queried key's last token predicts the value's first token
+            answer[q] = key_pos[r]
+            labels[q : q + len(v)] = v  # multi-token values (BPE): the rest of the value is trained too
             gap()
-        if len(ids) > c.seq_len or all(a < 0 for a in answer):
+        if all(a < 0 for a in answer[: c.seq_len]):
             raise DataError(f"recall: seq_len={c.seq_len} leaves no room for a query with this tokenizer")
+        del ids[c.seq_len :], labels[c.seq_len :], answer[c.seq_len :]  # a last gap may run past the end
         pad = c.seq_len - len(ids)
         return Example(
             np.array(ids + [self.pad] * pad, dtype=np.int64),

@@ -1,0 +1,97 @@
+"""Atomic training checkpoints and the one loader every `--model` flag uses.
+
+A run directory:
+
+    config.json        training config + model config + tokenizer summary + versions
+    tokenizer.json     the run's tokenizer
+    metrics.jsonl      one JSON object per logged step / validation
+    gates.jsonl        gate concentration snapshots (one row per step, layer, KV head, branch)
+    checkpoints/step_00000500/   config.json + model.safetensors (a `PhaseLM.save` directory, loadable alone),
+                                 optimizer.pt, trainer_state.json (step, data position, RNG states)
+    done.json          written when the run reached its last step
+
+A checkpoint is written into `checkpoints/.tmp-step_N/` and renamed to `step_N` only when complete, so a
+crash mid-write leaves the previous checkpoint untouched and the temp directory is ignored (and removed
+by the next save). The newest complete `step_*` directory is the run's latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from phasekv.errors import CheckpointError
+from phasekv.model.io import CONFIG_FILE, WEIGHTS_FILE, atomic_write_text
+
+CKPT_DIR = "checkpoints"
+STATE_FILE, OPTIM_FILE = "trainer_state.json", "optimizer.pt"
+_STEP = re.compile(r"step_(\d+)$")
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / CKPT_DIR / f"step_{step:08d}"
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / CKPT_DIR
+    if not root.is_dir():
+        return []
+    out = [p for p in root.iterdir() if p.is_dir() and _STEP.match(p.name) and (p / STATE_FILE).is_file()]
+    return sorted(out, key=lambda p: int(_STEP.match(p.name).group(1)))
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    ckpts = list_checkpoints(run_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def save_checkpoint(run_dir: Path, step: int, model_state: dict, model_config_json: str, optim_state: dict,
+                    trainer_state: dict, keep: int = 2) -> Path:
+    """Write one checkpoint atomically (temp dir, fsync, rename), then prune to the newest `keep`."""
+    from safetensors.torch import save_file
+
+    root = Path(run_dir) / CKPT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-*"):  # left by a crash mid-write
+        shutil.rmtree(stale, ignore_errors=True)
+    final = step_dir(run_dir, step)
+    tmp = root / f".tmp-{final.name}"
+    tmp.mkdir()
+    state = {k: v.detach().contiguous().cpu() for k, v in model_state.items()}
+    save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+    (tmp / CONFIG_FILE).write_text(model_config_json)
+    torch.save(optim_state, tmp / OPTIM_FILE)
+    (tmp / STATE_FILE).write_text(json.dumps(trainer_state))  # last: marks the checkpoint complete
+    for f in tmp.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    if final.exists():  # re-saving the same step (e.g. after resume): replace it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def read_trainer_state(ckpt: Path) -> dict:
+    try:
+        return json.loads((ckpt / STATE_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{ckpt / STATE_FILE}: unreadable trainer state ({exc})") from None
+
+
+def read_optimizer(ckpt: Path) -> dict:
+    try:
+        return torch.load(ckpt / OPTIM_FILE, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{ckpt / OPTIM_FILE}: unreadable optimizer state ({exc})") from None
+
+
+def write_json(path: Path, obj) -> None:
+    atomic_write_text(Path(path), json.dumps(obj, indent=2, default=str))

@@ -1,0 +1,113 @@
+"""Training configuration: one dataclass, saved as the run's `config.json` and reloaded on `--resume`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from phasekv.data.sources import DataConfig
+from phasekv.errors import ConfigError
+
+
+@dataclass
+class TrainConfig:
+    # --- what to train ---
+    arch: str = "W8/S8 · 1 KV"  # paper name or ASCII alias (`w8s8-1kv`)
+    preset: str = "tiny"  # backbone preset (tiny | small | qwen3-0.6b)
+    data: DataConfig = field(default_factory=DataConfig)  # recall (default), corpus, or a mixture
+    out: str = "runs/run"  # run directory
+    init_from: str | None = None  # start from these weights (run dir or model dir); fresh optimizer and data
+    seed: int | None = None  # model init + data order; None = the seed in the model name (42 by default)
+    # --- how long ---
+    steps: int = 0  # optimizer steps (0: from `tokens`, else 1500)
+    tokens: int = 0  # alternative to `steps`: total training tokens (rounded up to whole steps)
+    batch_size: int = 64  # sequences per optimizer step, over all ranks and accumulation micro-steps
+    grad_accum: int = 1  # micro-steps per optimizer step
+    seq_len: int = 80  # tokens per sequence
+    # --- optimizer (AdamW, linear warmup then cosine to min_lr) ---
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup: int = 100  # warmup steps
+    weight_decay: float = 0.0  # on matrices only (not norms, biases, gate biases)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # max global grad norm (0 = off)
+    # --- bookkeeping ---
+    log_every: int = 10  # metrics.jsonl cadence (steps)
+    val_every: int = 250  # validation cadence (steps; 0 = only at the end)
+    val_sequences: int = 256  # held-out sequences per validation
+    ckpt_every: int = 250  # checkpoint cadence (steps; the last step is always saved)
+    keep_checkpoints: int = 2  # complete checkpoints kept (the newest ones)
+    gate_steps: str = "log"  # gate snapshot steps: "log" (log-spaced, from step 1), "none", or "1,10,100"
+    gate_probe: int = 32  # probe sequences of the gate snapshots
+    # --- runtime ---
+    device: str = "auto"  # auto | cpu | cuda
+    compile: bool = False  # torch.compile the model
+    fsdp: bool = False  # FSDP2 (fully_shard) instead of DDP under torchrun
+    threads: int = 0  # torch CPU threads (0 = torch default)
+    logger: str = "none"  # none | tensorboard | wandb (extra logging, when installed)
+    progress: bool = True  # rich progress bar (rank 0)
+
+    def __post_init__(self):
+        if isinstance(self.data, dict):
+            self.data = DataConfig(**self.data)
+        for f in ("batch_size", "grad_accum", "seq_len", "log_every", "keep_checkpoints", "gate_probe",
+                  "val_sequences"):
+            if getattr(self, f) < 1:
+                raise ConfigError(f"{f}={getattr(self, f)} must be >= 1")
+        for f in ("steps", "tokens", "warmup", "val_every", "ckpt_every", "threads"):
+            if getattr(self, f) < 0:
+                raise ConfigError(f"{f}={getattr(self, f)} must be >= 0")
+        if self.steps and self.tokens:
+            raise ConfigError("give --steps or --tokens, not both")
+        if not self.lr > 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ConfigError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
+        if self.batch_size % self.grad_accum:
+            raise ConfigError(f"batch_size={self.batch_size} must be a multiple of grad_accum={self.grad_accum}")
+        if self.logger not in ("none", "tensorboard", "wandb"):
+            raise ConfigError(f"logger={self.logger!r} must be none, tensorboard or wandb")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ConfigError(f"device={self.device!r} must be auto, cpu or cuda")
+        self.gate_schedule()  # validates gate_steps
+
+    @property
+    def total_steps(self) -> int:
+        if self.steps:
+            return self.steps
+        if self.tokens:
+            return math.ceil(self.tokens / (self.batch_size * self.seq_len))
+        return 1500
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of optimizer step `step` (0-based): linear warmup, then cosine down to min_lr."""
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        span = max(self.total_steps - self.warmup, 1)
+        frac = min((step - self.warmup) / span, 1.0)
+        return self.min_lr + (self.lr - self.min_lr) * 0.5 * (1 + math.cos(math.pi * frac))
+
+    def gate_schedule(self) -> set[int]:
+        """Steps (counted after that many updates) at which gates are snapshotted."""
+        n, spec = self.total_steps, self.gate_steps.strip().lower()
+        if spec in ("none", ""):
+            return set()
+        if spec == "log":
+            return {int(s) for s in np.unique(np.round(np.logspace(0, math.log10(max(n, 1)), 24)))} | {n}
+        try:
+            steps = {int(s) for s in spec.split(",") if s.strip()}
+        except ValueError:
+            raise ConfigError(f"gate_steps={self.gate_steps!r}: use 'log', 'none' or comma-separated steps") from None
+        return {s for s in steps if 1 <= s <= n}
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown training option(s): {', '.join(sorted(unknown))}")
+        return cls(**d)

@@ -1,0 +1,226 @@
+"""Sweeps: a TOML file of runs (paper names, seeds, presets) run one after another, or printed as
+torchrun / SLURM command lines for a cluster.
+
+    [defaults]                 # any `phasekv train` option (TrainConfig field), shared by every run
+    preset = "tiny"
+    steps = 1500
+    out_root = "runs/cpu"      # each run writes to out_root/<model alias>, e.g. runs/cpu/w8s8-1kv-seed43
+
+    [[run]]
+    arch = "W8/S8 · 1 KV"
+    seeds = [42, 43]           # optional: one run per seed (or `seed = 43`)
+    lr = 2e-3                  # optional per-run overrides
+
+`phasekv sweep run FILE` skips finished runs (`done.json` at the planned step count), resumes
+interrupted ones (latest checkpoint) and starts the rest.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from phasekv.data.sources import DataConfig
+from phasekv.errors import ConfigError, PhaseKVError
+from phasekv.model.config import ModelConfig
+from phasekv.train.checkpoint import latest_checkpoint
+from phasekv.train.config import TrainConfig
+
+app = typer.Typer(help="Run a sweep file (TOML) or print its cluster command lines.", no_args_is_help=True)
+console = Console(stderr=True)
+DATA_KEYS = set(DataConfig.__dataclass_fields__)
+
+
+@dataclass
+class SweepRun:
+    name: str  # paper name of the model (with its seed)
+    alias: str  # ASCII alias: the run's directory name
+    options: dict  # TrainConfig fields (data fields flattened)
+
+    @property
+    def out(self) -> Path:
+        return Path(self.options["out"])
+
+    def config(self) -> TrainConfig:
+        opts = dict(self.options)
+        data = {k: opts.pop(k) for k in list(opts) if k in DATA_KEYS}
+        if isinstance(opts.get("data"), dict):
+            data.update(opts.pop("data"))
+        return TrainConfig.from_dict({**opts, "data": DataConfig(**data)})
+
+    def status(self) -> str:
+        done = self.out / "done.json"
+        if done.is_file():
+            try:
+                if json.loads(done.read_text()).get("steps") == self.config().total_steps:
+                    return "done"
+            except (OSError, json.JSONDecodeError):
+                pass
+            return "partial"
+        if latest_checkpoint(self.out) is not None:
+            return "partial"
+        return "pending"
+
+
+def load_sweep(path: str | Path) -> list[SweepRun]:
+    """Expand a sweep file into runs (one per arch and seed), validating every option."""
+    path = Path(path)
+    try:
+        spec = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"sweep file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML ({exc})") from None
+    defaults = dict(spec.get("defaults", {}))
+    out_root = Path(defaults.pop("out_root", f"runs/{path.stem}"))
+    runs_spec = spec.get("run", [])
+    if not runs_spec:
+        raise ConfigError(f"{path}: no [[run]] entries")
+    runs, seen = [], set()
+    for i, r in enumerate(runs_spec, 1):
+        r = {**defaults, **r}
+        if "arch" not in r:
+            raise ConfigError(f"{path}: run {i} has no 'arch'")
+        seeds = r.pop("seeds", None) or [r.pop("seed", None)]
+        for seed in seeds:
+            opts = {k: v for k, v in r.items()}
+            mcfg = ModelConfig.from_name(opts["arch"], preset=opts.get("preset", "tiny"))
+            if seed is not None:
+                mcfg = mcfg.replace(seed=int(seed))
+            opts["arch"], opts["seed"] = mcfg.name, mcfg.seed
+            opts["out"] = str(out_root / mcfg.alias)
+            run = SweepRun(mcfg.name, mcfg.alias, opts)
+            try:
+                run.config()
+            except TypeError as exc:
+                raise ConfigError(f"{path}: run {i} ({mcfg.name}): {exc}") from None
+            if run.alias in seen:
+                raise ConfigError(f"{path}: run {mcfg.name!r} appears twice")
+            seen.add(run.alias)
+            runs.append(run)
+    return runs
+
+
+def _select(runs: list[SweepRun], only: str | None) -> list[SweepRun]:
+    if not only:
+        return runs
+    return [r for r in runs if fnmatch.fnmatch(r.alias, only) or fnmatch.fnmatch(r.name, only)]
+
+
+def run_sweep(path: str | Path, only: str | None = None, dry_run: bool = False, **runtime) -> list[dict]:
+    """Run every unfinished run of a sweep in turn; returns one row per run (name, status, summary/error)."""
+    from phasekv.train.loop import train
+
+    rows = []
+    for run in _select(load_sweep(path), only):
+        status = run.status()
+        row = {"name": run.name, "out": str(run.out), "before": status}
+        if status == "done" or dry_run:
+            row["after"] = status if status == "done" else "planned"
+            rows.append(row)
+            continue
+        console.print(f"[bold]{'resuming' if status == 'partial' else 'starting'}[/] {run.name} -> {run.out}")
+        try:
+            row["summary"] = train(run.config(), resume=True, **runtime)
+            row["after"] = "done"
+        except PhaseKVError as exc:
+            row["after"], row["error"] = "failed", str(exc)
+            console.print(f"[red]failed[/] {run.name}: {exc}")
+        rows.append(row)
+    return rows
+
+
+@app.command("run")
+def run_cmd(
+    file: Path = typer.Argument(..., help="Sweep TOML file (e.g. sweeps/cpu.toml)."),
+    only: str = typer.Option(None, help="Only runs whose alias or name matches this glob (e.g. 'w8s8*')."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would run; train nothing."),
+    threads: int = typer.Option(None, help="torch CPU threads for every run."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+) -> None:
+    """Run a sweep here, one run after another: finished runs are skipped, interrupted ones resumed."""
+    runtime = {"progress": progress} | ({"threads": threads} if threads is not None else {})
+    rows = run_sweep(file, only, dry_run, **runtime)
+    table = Table(title=str(file))
+    for c in ("run", "before", "after", "final loss", "accuracy"):
+        table.add_column(c)
+    for r in rows:
+        s = r.get("summary", {})
+        table.add_row(r["name"], r["before"], r["after"], f"{s['final_loss']:.4f}" if s else "",
+                      f"{100 * s['val_accuracy']:.1f}%" if "val_accuracy" in s else "")
+    console.print(table)
+    if any(r["after"] == "failed" for r in rows):
+        raise typer.Exit(1)
+
+
+@app.command("status")
+def status_cmd(file: Path = typer.Argument(..., help="Sweep TOML file.")) -> None:
+    """Show each run of a sweep as done / partial / pending."""
+    table = Table(title=str(file))
+    for c in ("run", "alias", "status", "out"):
+        table.add_column(c)
+    for r in load_sweep(file):
+        table.add_row(r.name, r.alias, r.status(), str(r.out))
+    console.print(table)
+
+
+def train_args(run: SweepRun) -> list[str]:
+    """`phasekv train` arguments of a run (options that differ from the defaults, plus --resume)."""
+    default = TrainConfig().to_dict()
+    cfg = run.config().to_dict()
+    args = ["--arch", run.name, "--out", str(run.out)]
+    data = cfg.pop("data")
+    for k, v in data.items():
+        if k in ("recall",) or v == default["data"][k]:
+            continue
+        args += [f"--{k.replace('_', '-')}", str(v)]
+    for k, v in cfg.items():
+        if k in ("arch", "out") or v == default[k] or v is None:
+            continue
+        flag = f"--{k.replace('_', '-')}"
+        args += ([flag] if v is True else [f"--no-{k.replace('_', '-')}"] if v is False else [flag, str(v)])
+    return args + ["--resume"]
+
+
+@app.command("commands")
+def commands_cmd(
+    file: Path = typer.Argument(..., help="Sweep TOML file."),
+    nproc: int = typer.Option(1, help="Processes (GPUs) per node."),
+    nnodes: int = typer.Option(1, help="Nodes per run (multi-node uses c10d rendezvous at $MASTER_ADDR:29500)."),
+    slurm: bool = typer.Option(False, "--slurm", help="Print sbatch command lines instead of torchrun ones."),
+    submit: bool = typer.Option(False, "--submit", help="Submit the runs to SLURM with submitit (when installed)."),
+    only: str = typer.Option(None, help="Only runs matching this glob."),
+) -> None:
+    """Print one torchrun (or sbatch) command line per unfinished run of a sweep."""
+    runs = [r for r in _select(load_sweep(file), only) if r.status() != "done"]
+    for run in runs:
+        rdzv = [] if nnodes == 1 else ["--nnodes", str(nnodes), "--rdzv-backend", "c10d",
+                                       "--rdzv-endpoint", "$MASTER_ADDR:29500", "--rdzv-id", run.alias]
+        torchrun = ["torchrun", "--nproc_per_node", str(nproc), *rdzv, "-m", "phasekv", "train", *train_args(run)]
+        line = " ".join(shlex.quote(a) if not a.startswith("$") else a for a in torchrun)
+        if submit:
+            _submit(run, torchrun, nproc, nnodes)
+        elif slurm:
+            print(f"sbatch --job-name {run.alias} --nodes {nnodes} --ntasks-per-node 1 --gpus-per-node {nproc} "
+                  f"--output {run.out}/slurm-%j.log --wrap {shlex.quote('srun ' + line)}")
+        else:
+            print(line)
+
+
+def _submit(run: SweepRun, argv: list[str], nproc: int, nnodes: int) -> None:
+    try:
+        import submitit
+    except ImportError:
+        raise ConfigError("--submit needs submitit (pip install submitit); --slurm prints sbatch lines instead") from None
+    ex = submitit.AutoExecutor(folder=str(run.out / "slurm"))
+    ex.update_parameters(name=run.alias, nodes=nnodes, gpus_per_node=nproc, tasks_per_node=1, timeout_min=60 * 72)
+    job = ex.submit(submitit.helpers.CommandFunction(argv))
+    console.print(f"submitted {run.name}: job {job.job_id}")

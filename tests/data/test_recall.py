@@ -1,0 +1,88 @@
+import numpy as np
+import pytest
+import torch
+
+from phasekv.data import (
+    IGNORE,
+    RecallConfig,
+    RecallStream,
+    batch,
+    build_word_tokenizer,
+    load_words,
+    recall_accuracy,
+)
+from phasekv.errors import ConfigError
+
+TOK = build_word_tokenizer()
+
+
+def test_layout_and_labels():
+    s = RecallStream(TOK, RecallConfig(seq_len=96), seed=3)
+    animals, names = set(load_words("animals")), set(load_words("names"))
+    for i in range(50):
+        ex = s.example(i)
+        assert ex.ids.shape == ex.labels.shape == ex.answer_pos.shape == (96,)
+        assert ex.ids[0] == TOK.token_to_id("<bos>")
+        words = [TOK.id_to_token(int(t)) for t in ex.ids]
+        qs = np.flatnonzero(ex.labels != IGNORE)
+        assert len(qs) >= 1
+        for q in qs:
+            key, value = words[q], TOK.id_to_token(int(ex.labels[q]))
+            assert key in animals and value in names and words[q + 1] == value
+            p = ex.answer_pos[q]  # the stored record: the same key, directly followed by its value
+            assert p < q and words[p] == key and words[p + 1] == value
+        marker = words.index("?")
+        assert all(q > marker for q in qs) and all(ex.answer_pos[q] < marker for q in qs)
+
+
+def test_deterministic_by_index_and_split():
+    a, b = RecallStream(TOK, seed=1), RecallStream(TOK, seed=1)
+    assert np.array_equal(a.example(7).ids, b.example(7).ids)
+    assert not np.array_equal(a.example(7).ids, a.example(8).ids)
+    assert not np.array_equal(a.example(7).ids, RecallStream(TOK, seed=1, split="val").example(7).ids)
+
+
+def test_every_residue_is_covered():
+    s = RecallStream(TOK, RecallConfig(seq_len=96), seed=0)
+    b = batch(s, 0, 200)
+    res = np.bincount((b["answer_pos"][b["answer_pos"] >= 0] % 24).numpy(), minlength=24)
+    assert (res > 20).all()
+
+
+def test_bad_config():
+    with pytest.raises(ConfigError, match="seq_len"):
+        RecallConfig(seq_len=20)
+    with pytest.raises(ConfigError, match="min_records"):
+        RecallConfig(min_records=5, max_records=4)
+    with pytest.raises(ConfigError, match="unknown recall option"):
+        RecallConfig.from_dict({"recordz": 3})
+
+
+class Oracle(torch.nn.Module):
+    """Answers every query right except when the stored key sits at an odd position."""
+
+    def __init__(self, stream):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.stream = stream
+
+    def forward(self, ids):
+        B, T = ids.shape
+        logits = torch.zeros(B, T, TOK.get_vocab_size())
+        for b in range(B):
+            row = ids[b].tolist()
+            for t in range(1, T - 1):
+                if row[t] in self.keys and row[:t].count(row[t]) == 1:
+                    p = row.index(row[t])
+                    logits[b, t, row[p + 1] if p % 2 == 0 else 0] = 1.0
+        return logits
+
+
+def test_recall_accuracy_groups_by_phase():
+    s = RecallStream(TOK, RecallConfig(seq_len=96), seed=0, split="val")
+    m = Oracle(s)
+    m.keys = {TOK.token_to_id(w) for w in load_words("animals")}
+    r = recall_accuracy(m, s, n=64, batch_size=32, modulus=8)
+    acc = np.array(r["by_residue"])
+    assert np.allclose(acc[0::2], 1.0) and np.allclose(acc[1::2], 0.0)
+    assert r["gap"] == pytest.approx(100.0) and 0.4 < r["accuracy"] < 0.6
