@@ -34,10 +34,12 @@ def _mount() -> None:
     from phasekv.model import cli as model_cli
     from phasekv.report import cli as report_cli
     from phasekv.theory import cli as theory_cli
+    from phasekv.train import cli as train_cli
 
     model_cli.register(app)
     report_cli.register(app)
     app.add_typer(theory_cli.app, name="theory")
+    train_cli.register(app)  # train, sweep, tokenizer
 
 
 def main() -> None:
