@@ -26,10 +26,10 @@ class FlowOptions:
     runs: int = 32  # independent initialisations per setting
     rho: float = 0.1  # radius of the initial ball for every c^B_{h,r}
     eta: float = 8.0  # gradient-descent step size (time step of the discretised flow)
-    steps: int = 400  # gradient steps (flow time = eta * steps)
+    steps: int = 300  # gradient steps (flow time = eta * steps)
     batch: int = 16  # contexts per step and run (Monte Carlo population gradient)
-    eval_contexts: int = 256  # held-out contexts for the uniform (min over contexts) tracking
-    track_every: int = 10  # steps between tracked points
+    eval_contexts: int = 128  # held-out contexts for the uniform (min over contexts) tracking
+    track_every: int = 25  # steps between tracked points
     tol: float = 0.05  # converged when min p^K(r_h) and min p^V(r_h + 1) are >= 1 - tol and still rising
     seed: int = 0
 
