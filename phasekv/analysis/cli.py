@@ -1,0 +1,139 @@
+"""`phasekv analyze knockout|gates|cycle`: the mechanism analyses of SPEC §5 from the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(help="Mechanism analyses: KV-head knockouts by phase, gate concentration, gate cycling.",
+                  no_args_is_help=True)
+console = Console()
+
+MODEL_HELP = "phasekv run dir, checkpoint / PhaseLM.save dir, or (knockout only) a Hugging Face decoder dir."
+
+
+def _load(model: Path, device: str, trust_remote_code: bool = False):
+    import torch
+
+    from phasekv.eval.models import load
+
+    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    return load(model, device=dev, trust_remote_code=trust_remote_code)
+
+
+def _prompts(records: int, demos: int, padding: str, filler: int, modulus: int, per_group: int, keep_n: bool,
+             mappings: int, seed: int):
+    from phasekv.eval.prompts import lookup_config
+
+    return lookup_config(records=records, demos=demos, padding=padding, filler=filler, modulus=modulus,
+                         per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed)
+
+
+# shared lookup-prompt options (defaults: the study's lookup test)
+RECORDS = typer.Option(64, help="Key-name records per prompt.")
+DEMOS = typer.Option(8, help="Demonstrations before the target key.")
+PADDING = typer.Option("prefix", help="prefix | in-sequence padding.")
+FILLER = typer.Option(48, help="Filler tokens per prompt (fixed, so the query position is fixed).")
+MODULUS = typer.Option(24, help="Residue groups M (target position mod M).")
+PER_GROUP = typer.Option(576, help="Prompts per residue group (rounded up to a multiple of M² unless --keep-n).")
+KEEP_N = typer.Option(False, "--keep-n", help="Keep --per-group as given (sampled, moment-matched design).")
+MAPPINGS = typer.Option(32, help="Key-name mappings (the bootstrap unit).")
+SEED = typer.Option(0, help="Prompt seed (calibration prompts use another seed).")
+BATCH = typer.Option(32, help="Prompts per forward pass.")
+DEVICE = typer.Option("auto", help="auto | cpu | cuda.")
+PROGRESS = typer.Option(True, "--progress/--no-progress", help="Show progress bars.")
+
+
+@app.command("knockout")
+def knockout_cmd(
+    model: Path = typer.Option(..., "--model", help=MODEL_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
+    variant: str = typer.Option(None, help="head (each KV head; phasekv) | layer (whole attention output; any "
+                                           "decoder). Default: head for phasekv, layer for Hugging Face."),
+    n_cal: int = typer.Option(256, help="Calibration prompts whose mean activation replaces the knocked-out one."),
+    final_tokens: int = typer.Option(1, help="Knock out at this many final tokens (the query token(s))."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a Hugging Face model's code."),
+    records: int = RECORDS, demos: int = DEMOS, padding: str = PADDING, filler: int = FILLER, modulus: int = MODULUS,
+    per_group: int = PER_GROUP, keep_n: bool = KEEP_N, mappings: int = MAPPINGS, seed: int = SEED,
+    batch_size: int = BATCH, device: str = DEVICE, progress: bool = PROGRESS,
+) -> None:
+    """Mean-ablate each KV head (or each layer's attention output) at the query token and measure lookup
+    accuracy per residue relative to clean; writes results.parquet, summary.json, knockout_map.png."""
+    from phasekv.analysis.knockout import analyze_knockout
+    from phasekv.errors import ConfigError
+
+    if n_cal < 1 or final_tokens < 1:
+        raise ConfigError("--n-cal and --final-tokens must be >= 1")
+    em = _load(model, device, trust_remote_code)
+    cfg = _prompts(records, demos, padding, filler, modulus, per_group, keep_n, mappings, seed)
+    s = analyze_knockout(em, cfg, out, variant, n_cal, final_tokens, batch_size, progress)
+    console.print(f"[bold]{s['model']}[/]: clean mean {s['clean']['mean']:.1f}%, worst {s['clean']['worst']:.1f}%, "
+                  f"gap {s['clean']['gap']:.1f} pts; {s['variant']} knockouts -> {out}")
+    for h in s["strongest"][:5]:
+        console.print(f"  {h['unit']}: worst group {h['worst_group']} {100 * h['worst_rel_change']:+.0f}% "
+                      f"(mean {100 * h['mean_rel_change']:+.0f}%)")
+
+
+@app.command("gates")
+def gates_cmd(
+    model: Path = typer.Option(..., "--model", help="phasekv run dir (training paths from its gates.jsonl) or model dir."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
+    n_prompts: int = typer.Option(256, help="Lookup prompts whose complete windows are scored."),
+    knockout: Path = typer.Option(None, help="A `phasekv analyze knockout` output dir: adds the knockout column "
+                                             "to the per-head panel."),
+    trace: int = typer.Option(3, help="Training paths drawn: the N most statically concentrated key gates."),
+    records: int = RECORDS, demos: int = DEMOS, padding: str = PADDING, filler: int = FILLER, modulus: int = MODULUS,
+    per_group: int = PER_GROUP, keep_n: bool = KEEP_N, mappings: int = MAPPINGS, seed: int = SEED,
+    batch_size: int = BATCH, device: str = DEVICE, progress: bool = PROGRESS,
+) -> None:
+    """Static exp(H(E[α])) and per-window E[exp(H(α))] concentration of every key/value gate, gate scores by
+    phase; the concentration plane with training paths and the per-head panel figure."""
+    from phasekv.analysis.gates import analyze_gates
+    from phasekv.errors import ConfigError
+
+    if n_prompts < 1:
+        raise ConfigError("--n-prompts must be >= 1")
+    em = _load(model, device)
+    cfg = _prompts(records, demos, padding, filler, modulus, per_group, keep_n, mappings, seed)
+    s = analyze_gates(em, cfg, out, n_prompts, batch_size, knockout, trace, progress)
+    console.print(f"[bold]{s['model']}[/]: gates over {s['n_prompts']} prompts -> {out}")
+    for h in s["heads"]:
+        if h["branch"] == "key":
+            console.print(f"  L{h['layer']}·KV{h['kv_head']} key: static {h['static']:.2f}, per window "
+                          f"{h['per_window']:.2f} (of {h['window']}), peak phase {h['peak_phase']}")
+
+
+def _deltas(spec: str) -> list[int]:
+    from phasekv.errors import ConfigError
+
+    try:
+        if ".." in spec:
+            lo, hi = (int(x) for x in spec.split(".."))
+            return [d for d in range(lo, hi + 1) if d != 0]
+        return [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--delta {spec!r}: use a range like -3..3 or a list like -1,1,2") from None
+
+
+@app.command("cycle")
+def cycle_cmd(
+    model: list[Path] = typer.Option(..., "--model", help="phasekv model with W = S (repeat for the model x δ grid)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
+    delta: str = typer.Option("-3..3", help="Cycle offsets δ: a range -3..3 (0 skipped) or a list -1,1,2."),
+    n_boot: int = typer.Option(2000, help="Bootstrap resamples over mappings for the R² interval."),
+    records: int = RECORDS, demos: int = DEMOS, padding: str = PADDING, filler: int = FILLER, modulus: int = MODULUS,
+    per_group: int = PER_GROUP, keep_n: bool = KEEP_N, mappings: int = MAPPINGS, seed: int = SEED,
+    batch_size: int = BATCH, device: str = DEVICE, progress: bool = PROGRESS,
+) -> None:
+    """Cycle the offset-specific gate parameters by δ (payloads fixed), compare accuracy by phase with the
+    prediction A_δ(r) = A_0((r-δ) mod S); R² excluding the boundary phase with a bootstrap 95% interval."""
+    from phasekv.analysis.cycling import analyze_cycle
+
+    ems = [_load(m, device) for m in model]
+    cfg = _prompts(records, demos, padding, filler, modulus, per_group, keep_n, mappings, seed)
+    s = analyze_cycle(ems, cfg, out, _deltas(delta), batch_size, n_boot, progress)
+    for g in s["grid"]:
+        console.print(f"  {g['model']} δ={g['delta']:+d}: R² = {g['r2']:.2f} [{g['r2_lo']:.2f}, {g['r2_hi']:.2f}]")
+    console.print(f"-> {out}")

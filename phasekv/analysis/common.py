@@ -1,0 +1,72 @@
+"""Shared plumbing of the analyses: output files (atomic), provenance, progress bars, prompt batches."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
+from phasekv.eval.run import versions
+from phasekv.model.io import atomic_write, atomic_write_text
+
+
+def _json_default(o):
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return None if np.isnan(o) else float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def _clean(o):
+    """NaN -> None recursively, so summary.json is valid JSON."""
+    if isinstance(o, float) and o != o:
+        return None
+    if isinstance(o, dict):
+        return {k: _clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean(v) for v in o]
+    return o
+
+
+def provenance(em, cfg: PromptConfig, **extra) -> dict:
+    """Seeds, versions, prompt config and model info of an analysis."""
+    return {"model": em.name, "model_kind": em.kind, "model_info": em.info, "prompt_seed": cfg.seed,
+            "prompt_config": cfg.to_dict(), "torch_threads": torch.get_num_threads(), "versions": versions(), **extra}
+
+
+def write_outputs(out: Path, results: pd.DataFrame, summary: dict, **tables: pd.DataFrame) -> None:
+    """OUT/results.parquet (+ OUT/<name>.parquet for each extra table) and OUT/summary.json, each atomic;
+    summary.json is written last, so its presence marks a complete analysis."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, df in {"results": results, **tables}.items():
+        atomic_write(out / f"{name}.parquet", lambda tmp, df=df: df.to_parquet(tmp, index=False))
+    atomic_write_text(out / "summary.json", json.dumps(_clean(summary), indent=2, default=_json_default))
+
+
+@contextmanager
+def progress_bar(enabled: bool, total: int, label: str) -> Iterator:
+    """Yields advance(n); a rich progress bar when enabled."""
+    if not enabled:
+        yield lambda n=1: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n=1: bar.advance(task, n)
+
+
+def prompt_batches(prompts: RetrievalPrompts, pids: list[int], batch_size: int, device) -> Iterator[torch.Tensor]:
+    """Token ids (B, T) of the prompts `pids`, in batches (equal lengths: no padding)."""
+    for s in range(0, len(pids), batch_size):
+        yield torch.tensor([prompts.prompt(p).ids for p in pids[s : s + batch_size]], dtype=torch.long, device=device)

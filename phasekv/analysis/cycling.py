@@ -1,0 +1,183 @@
+"""Gate cycling (SPEC §5, the paper's Figure 6): move the gates' offset preferences, keep the payloads.
+
+For W = S, cycling by delta sets Z~_i = Z_{(i - delta) mod W} and b~_i = b_{(i - delta) mod W} in every
+compressed layer, key and value branch alike (`torch.roll` along the offset dim 0); payloads C_i stay.
+If static gate preferences decide which phases are retrieved well, A_delta(r) ~ A_0((r - delta) mod S).
+The test: R^2 (squared correlation) of predicted change A_0((r - delta) mod S) - A_0(r) against observed
+change A_delta(r) - A_0(r) over the phases r other than the boundary phase, with a bootstrap 95% interval
+over key-name mappings (clean and cycled runs resampled together).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pandas as pd
+import torch
+
+from phasekv.errors import ConfigError
+from phasekv.eval.stats import bootstrap_profiles, group_table
+
+
+def check_cyclable(model) -> None:
+    cfg = model.config
+    if not cfg.compressed or cfg.window != cfg.stride:
+        raise ConfigError(f"{cfg.name}: gate cycling needs a compressed model with W = S (window {cfg.window}, "
+                          f"stride {cfg.stride})")
+    if cfg.gate == "uniform":
+        raise ConfigError(f"{cfg.name}: uniform averaging has no gate parameters to cycle")
+
+
+def gate_params(model) -> list[torch.nn.Parameter]:
+    """Offset-specific gate parameters (Z_i, b_i) of every compressed layer and branch; offsets are dim 0."""
+    params = []
+    for block in model.layers:
+        comp = block.attn.compressor
+        if comp is None:
+            continue
+        for branch in comp.branches():
+            params += [p for p in (branch.gate_weight, branch.gate_bias) if p is not None]
+    return params
+
+
+@torch.no_grad()
+def cycle_gates_(model, delta: int) -> None:
+    """Cycle in place: Z_i <- Z_{(i - delta) mod W}, b_i <- b_{(i - delta) mod W}."""
+    check_cyclable(model)
+    for p in gate_params(model):
+        p.copy_(torch.roll(p, delta, dims=0))
+
+
+@contextmanager
+def cycled(model, delta: int) -> Iterator[None]:
+    """The model with its gates cycled by delta inside the block; the original parameters restored after
+    (copied back, so the model is bit-for-bit the same)."""
+    check_cyclable(model)
+    saved = [p.detach().clone() for p in gate_params(model)]
+    cycle_gates_(model, delta)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, s in zip(gate_params(model), saved, strict=True):
+                p.copy_(s)
+
+
+def boundary_phase(model) -> int:
+    """Phase of the last token of a window: (o + W - 1) mod S (S - 1 unless the grid is staggered)."""
+    cfg = model.config
+    return (cfg.grid_offset(0) + cfg.window - 1) % cfg.stride
+
+
+def predicted(acc0: np.ndarray, delta: int) -> np.ndarray:
+    """A_0((r - delta) mod S) for profiles acc0 (..., S)."""
+    return np.roll(acc0, delta, axis=-1)
+
+
+def r_squared(acc0: np.ndarray, acc: np.ndarray, delta: int, keep: np.ndarray) -> np.ndarray:
+    """Squared correlation of predicted vs observed change over the phases in `keep` (S,) bool, for
+    profiles (..., S); NaN where either change is constant."""
+    pred = (predicted(acc0, delta) - acc0)[..., keep]
+    obs = (acc - acc0)[..., keep]
+    pc = pred - pred.mean(-1, keepdims=True)
+    oc = obs - obs.mean(-1, keepdims=True)
+    den = np.sqrt((pc**2).sum(-1) * (oc**2).sum(-1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 1e-12, (pc * oc).sum(-1) / den, np.nan) ** 2
+
+
+def cycling_stats(rows0, rows, stride: int, delta: int, boundary: int, n_boot: int = 2000,
+                  seed: int = 0) -> dict:
+    """Per-phase accuracies of the clean (rows0) and cycled (rows) runs and the R^2 with its bootstrap
+    interval. rows*: per-prompt tables with `phase`, `mapping`, `correct` on the same prompts."""
+    h0, t0 = group_table(rows0["phase"], rows0["mapping"], rows0["correct"], stride)
+    h1, t1 = group_table(rows["phase"], rows["mapping"], rows["correct"], stride)
+    if h0.shape != h1.shape:
+        raise ConfigError("clean and cycled runs must evaluate the same prompts")
+    acc0, acc = h0.sum(0) / t0.sum(0), h1.sum(0) / t1.sum(0)  # (S,)
+    keep = np.arange(stride) != boundary
+    boot = bootstrap_profiles(np.hstack([h0, h1]), np.hstack([t0, t1]), n_boot=n_boot, seed=seed)  # (B, 2S)
+    r2_boot = r_squared(boot[:, :stride], boot[:, stride:], delta, keep)
+    r2_boot = r2_boot[np.isfinite(r2_boot)]
+    ci = np.percentile(r2_boot, [2.5, 97.5]).tolist() if r2_boot.size else [float("nan")] * 2
+    acc_boot = np.percentile(boot[:, stride:], [2.5, 97.5], axis=0)  # (2, S) band of the cycled profile
+    return {"acc0": acc0, "acc": acc, "pred": predicted(acc0, delta), "lo": acc_boot[0], "hi": acc_boot[1],
+            "r2": float(r_squared(acc0, acc, delta, keep)), "r2_ci": ci, "n_boot": n_boot}
+
+
+@torch.no_grad()
+def run_cycling(model, tok, cfg, deltas, pids=None, batch_size: int = 32, n_boot: int = 2000,
+                advance=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Evaluate the uncycled model and every cycle delta on lookup prompts `cfg`.
+
+    Returns (profiles, rows): one row per (delta, phase) with acc0, acc, pred, lo, hi, r2, r2_lo, r2_hi;
+    and the per-prompt rows (column delta)."""
+    from phasekv.eval.run import evaluate
+
+    check_cyclable(model)
+    S, boundary = model.config.stride, boundary_phase(model)
+    frames = []
+    for d in [0, *[d for d in deltas if d != 0]]:
+        with cycled(model, d):
+            rows = evaluate(model, tok, cfg, pids, batch_size=batch_size)
+        frames.append(rows.assign(delta=d, phase=rows["target_pos"] % S))
+        if advance is not None:
+            advance(1)
+    rows0 = frames[0]
+    prof = []
+    for rows in frames:
+        d = int(rows["delta"].iloc[0])
+        st = cycling_stats(rows0, rows, S, d, boundary, n_boot=n_boot, seed=cfg.seed)
+        for r in range(S):
+            prof.append({"delta": d, "phase": r, "boundary": r == boundary, "acc0": st["acc0"][r],
+                         "acc": st["acc"][r], "pred": st["pred"][r], "lo": st["lo"][r], "hi": st["hi"][r],
+                         "r2": st["r2"] if d else np.nan, "r2_lo": st["r2_ci"][0] if d else np.nan,
+                         "r2_hi": st["r2_ci"][1] if d else np.nan})
+    return pd.DataFrame(prof), pd.concat(frames, ignore_index=True)
+
+
+def analyze_cycle(ems, cfg, out, deltas=(-3, -2, -1, 1, 2, 3), batch_size: int = 32, n_boot: int = 2000,
+                  progress: bool = True) -> dict:
+    """Gate cycling of one or more W = S phasekv EvalModels: writes OUT/results.parquet (model, delta, phase),
+    OUT/prompts.parquet, OUT/summary.json (R^2 grid with 95% bootstrap intervals), OUT/r2_grid.png and
+    OUT/cycling_<i>.png per model; returns the summary."""
+    from pathlib import Path
+
+    from phasekv.analysis.common import progress_bar, provenance, write_outputs
+    from phasekv.analysis.figures import cycling_figure, r2_grid
+
+    for em in ems:
+        if em.kind != "phasekv":
+            raise ConfigError(f"{em.name}: gate cycling needs a phasekv model")
+        check_cyclable(em.model)
+    if not [d for d in deltas if d != 0]:
+        raise ConfigError("give at least one non-zero cycle delta")
+    out = Path(out)
+    profiles, prompts, models = [], [], []
+    n_runs = len(ems) * (1 + len({d for d in deltas if d != 0}))
+    with progress_bar(progress, n_runs, "gate cycling") as advance:
+        for i, em in enumerate(ems):
+            prof, rows = run_cycling(em.model, em.tok, cfg, deltas, batch_size=batch_size, n_boot=n_boot,
+                                     advance=advance)
+            name = em.name if em.name not in [m["model"] for m in models] else f"{em.name} ({i})"
+            profiles.append(prof.assign(model=name))
+            prompts.append(rows.assign(model=name))
+            boundary = boundary_phase(em.model)
+            cycling_figure(prof, out / f"cycling_{i}.png", f"{name} · gate cycling", boundary)
+            models.append({"model": name, "boundary_phase": boundary, "figure": f"cycling_{i}.png",
+                           "provenance": provenance(em, cfg)})
+    results = pd.concat(profiles, ignore_index=True)
+    grid = results[results["delta"] != 0].groupby(["model", "delta"], sort=False)[["r2", "r2_lo", "r2_hi"]].first()
+    grid = grid.reset_index()
+    r2_grid(grid, out / "r2_grid.png")
+    summary = {
+        "analysis": "cycle", "deltas": sorted({int(d) for d in deltas if d != 0}), "n_boot": n_boot,
+        "r2": "squared correlation of predicted vs observed change per phase, boundary phase excluded; "
+              "95% bootstrap interval over key-name mappings",
+        "grid": grid.to_dict(orient="records"), "models": models,
+        "prompt_config": cfg.to_dict(),
+    }
+    write_outputs(out, results, summary, prompts=pd.concat(prompts, ignore_index=True))
+    return summary

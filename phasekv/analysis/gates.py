@@ -1,0 +1,189 @@
+"""Gate concentration and gate scores by phase (SPEC §5, the paper's Figures 4 and 5).
+
+For every compressed layer, KV head and branch (key, value), over the complete windows of many prompts:
+
+    static      exp(H(E[alpha]))    effective offsets of the window-averaged gate (1..W)
+    per_window  E[exp(H(alpha))]    average effective offsets of single windows (1..W)
+
+(one implementation: `phasekv.analysis.concentration`). Vector gates are measured per channel, then
+averaged over channels. Offset i of a window whose grid starts at phase o sits at phase (o + i) mod S; with
+overlapping windows (W > S) several offsets share a phase, and the same measures on alpha pooled by phase
+are effective phases (1..S). The gate score by phase relative to uniform is E[sum of alpha over the phase's
+offsets] / (its share of offsets); the value gate is shifted back one offset (its offset i counts for the
+phase of i - 1), so a head that keeps a key together with its successor peaks at the same phase in both.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from phasekv.analysis.concentration import concentration
+from phasekv.errors import DataError
+
+BRANCHES = ("key", "value")
+
+
+def offset_phases(window: int, stride: int, grid_offset: int = 0, shift: int = 0) -> np.ndarray:
+    """Phase (W,) of each window offset: (o + i - shift) mod S (shift = 1 for the value gate)."""
+    return (grid_offset + np.arange(window) - shift) % stride
+
+
+def pool_phases(alpha: torch.Tensor, phases: np.ndarray, stride: int) -> torch.Tensor:
+    """alpha (..., W, n_kv, G) -> (..., S, n_kv, G): gate mass summed over the offsets of each phase."""
+    onehot = torch.zeros(len(phases), stride, dtype=alpha.dtype, device=alpha.device)
+    onehot[torch.arange(len(phases)), torch.as_tensor(phases)] = 1.0  # (W, S)
+    return torch.einsum("...wkg,ws->...skg", alpha, onehot)
+
+
+def compressed_layers(model) -> list[int]:
+    return [i for i, block in enumerate(model.layers) if block.attn.compressor is not None]
+
+
+@torch.no_grad()
+def collect_alpha(model, batches, progress=None) -> dict[tuple[int, str], torch.Tensor]:
+    """Gate scores of every complete window of every prompt: {(layer, branch): alpha (N, W, n_kv, G)}.
+
+    batches: iterable of input ids (B, T); scores are read inside the forward (pre-hook on the attention).
+    """
+    out: dict[tuple[int, str], list[torch.Tensor]] = {}
+    handles = []
+
+    def hook(layer: int, attn):
+        def pre(_module, args):
+            windows = attn.compressor.windows(args[0], attn.grid.offset)  # (B, n, W, d)
+            if windows.shape[1] == 0:
+                return
+            for name, branch in zip(BRANCHES, (attn.compressor.key, attn.compressor.value), strict=True):
+                if branch is not None:
+                    alpha = branch.gate_scores(windows).flatten(0, 1).double()  # (B*n, W, n_kv, G)
+                    out.setdefault((layer, name), []).append(alpha.cpu())
+        return pre
+
+    for i in compressed_layers(model):
+        attn = model.layers[i].attn
+        handles.append(attn.register_forward_pre_hook(hook(i, attn)))
+    try:
+        for ids in batches:
+            model(ids)
+            if progress is not None:
+                progress(ids.shape[0])
+    finally:
+        for h in handles:
+            h.remove()
+    return {k: torch.cat(v) for k, v in out.items()}
+
+
+def gate_stats(model, alphas: dict[tuple[int, str], torch.Tensor]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(heads, phases): one row per (layer, kv_head, branch) with both concentrations at the offset and
+    the phase level; one row per (layer, kv_head, branch, phase) with the gate score relative to uniform."""
+    cfg = model.config
+    W, S = cfg.window, cfg.stride
+    heads, phases = [], []
+    for (layer, branch), alpha in sorted(alphas.items()):
+        o = model.layers[layer].attn.grid.offset
+        ph = offset_phases(W, S, o, shift=1 if branch == "value" else 0)
+        static, per_window = concentration(alpha)  # (n_kv,) in [1, W]
+        pooled = pool_phases(alpha, offset_phases(W, S, o), S)
+        static_ph, per_window_ph = concentration(pooled)  # (n_kv,) in [1, S]
+        share = np.bincount(ph, minlength=S) / W  # uniform mass of each phase
+        score = pool_phases(alpha, ph, S).mean(dim=(0, 3)).numpy() / share[:, None]  # (S, n_kv)
+        by_offset = alpha.mean(dim=(0, 3)).numpy() * W  # (W, n_kv), 1 = uniform
+        for kv in range(alpha.shape[2]):
+            heads.append({
+                "layer": layer, "kv_head": kv, "branch": branch, "gate": cfg.gate, "window": W, "stride": S,
+                "grid_offset": o, "n_windows": int(alpha.shape[0]), "channels": int(alpha.shape[3]),
+                "static": float(static[kv]), "per_window": float(per_window[kv]),
+                "static_phase": float(static_ph[kv]), "per_window_phase": float(per_window_ph[kv]),
+                "peak_offset": int(np.argmax(by_offset[:, kv])), "peak_phase": int(np.argmax(score[:, kv])),
+                "offset_scores": by_offset[:, kv].round(6).tolist(),
+            })
+            for p in range(S):
+                phases.append({"layer": layer, "kv_head": kv, "branch": branch, "phase": p,
+                               "score_rel": float(score[p, kv]), "shifted": branch == "value"})
+    return pd.DataFrame(heads), pd.DataFrame(phases)
+
+
+def read_gate_paths(run_dir: str | Path) -> pd.DataFrame | None:
+    """Training paths from a run's `gates.jsonl` (rows: step, layer, kv_head, branch, static, per_window),
+    or None when the run has none."""
+    path = Path(run_dir) / "gates.jsonl"
+    if not path.is_file():
+        return None
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise DataError(f"{path}:{n}: not a JSON line") from None
+    if not rows:
+        return None
+    df = pd.DataFrame(rows)
+    need = {"step", "layer", "kv_head", "branch", "static", "per_window"}
+    if not need <= set(df.columns):
+        raise DataError(f"{path}: gate snapshots lack columns {sorted(need - set(df.columns))}")
+    return df.sort_values(["layer", "kv_head", "branch", "step"]).reset_index(drop=True)
+
+
+def analyze_gates(em, cfg, out, n_prompts: int = 256, batch_size: int = 32, knockout: str | Path | None = None,
+                  trace: int = 3, progress: bool = True) -> dict:
+    """Gate concentration and scores by phase of a phasekv EvalModel over the windows of `n_prompts` lookup
+    prompts `cfg`: writes OUT/results.parquet (one row per layer, KV head, branch, phase), OUT/heads.parquet,
+    OUT/summary.json, OUT/concentration_plane.png (with the training paths of the `trace` most statically
+    concentrated key gates when the model dir is a run with gates.jsonl) and OUT/gate_panel.png (with the
+    knockout column when `knockout` names a knockout analysis dir); returns the summary."""
+    from phasekv.analysis.common import progress_bar, prompt_batches, provenance, write_outputs
+    from phasekv.analysis.figures import concentration_plane, head_panel
+    from phasekv.analysis.knockout import spread_pids
+    from phasekv.errors import ConfigError
+    from phasekv.eval.prompts import RetrievalPrompts
+    from phasekv.model.transformer import PhaseLM
+
+    model = em.model
+    if not isinstance(model, PhaseLM) or not model.config.compressed:
+        raise ConfigError(f"{em.name}: gate analyses need a compressed phasekv model")
+    prompts = RetrievalPrompts(cfg, em.tok)
+    pids = spread_pids(len(prompts), n_prompts)
+    with progress_bar(progress, len(pids), f"gates · {em.name}") as advance:
+        alphas = collect_alpha(model, prompt_batches(prompts, pids, batch_size, em.device), advance)
+    if not alphas:
+        raise ConfigError(f"{em.name}: prompts of {prompts.length} tokens hold no complete window")
+    heads, phases = gate_stats(model, alphas)
+    results = phases.merge(heads.drop(columns=["offset_scores"]), on=["layer", "kv_head", "branch"])
+    paths = read_gate_paths(em.info.get("path", "")) if em.kind == "phasekv" else None
+    key = heads[heads["branch"] == "key"].sort_values("static")
+    traced = [tuple(map(int, x)) for x in key[["layer", "kv_head"]].to_numpy()[:trace]]
+    ko = None
+    if knockout is not None:
+        kpath = Path(knockout) / "results.parquet"
+        if not kpath.is_file():
+            raise DataError(f"{kpath}: no knockout results (run `phasekv analyze knockout` first)")
+        ko = pd.read_parquet(kpath)
+    cfgm = model.config
+    summary = {
+        "analysis": "gates", "model": em.name, "window": cfgm.window, "stride": cfgm.stride, "gate": cfgm.gate,
+        "n_prompts": len(pids), "n_windows": {f"L{k[0]}.{k[1]}": int(v.shape[0]) for k, v in alphas.items()},
+        "vector_gates": "per channel, then averaged over channels" if cfgm.gate == "vector" else None,
+        "overlapping": cfgm.window > cfgm.stride,
+        "phase_level": "static_phase / per_window_phase pool the offsets of each phase: effective phases in "
+                       f"[1, {cfgm.stride}]",
+        "value_shift": "value gate scores are shifted back one offset (offset i counts for phase of i - 1)",
+        "heads": heads.to_dict(orient="records"),
+        "training_paths": None if paths is None else {"steps": sorted(set(paths["step"].tolist())),
+                                                      "traced": [f"L{a}·KV{b}" for a, b in traced]},
+        "knockout": str(knockout) if knockout is not None else None,
+        "provenance": provenance(em, cfg, prompt_ids=f"{len(pids)} spread over {len(prompts)}"),
+    }
+    out = Path(out)
+    if cfgm.gate != "uniform":
+        concentration_plane(heads, paths, out / "concentration_plane.png",
+                            f"{em.name} · key gates" + (" (per channel, averaged)" if cfgm.gate == "vector" else ""),
+                            traced)
+    head_panel(heads, phases, ko, out / "gate_panel.png", f"{em.name} · gates beside knockouts")
+    write_outputs(out, results, summary, heads=heads)
+    return summary

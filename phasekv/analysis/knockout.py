@@ -1,0 +1,173 @@
+"""KV-head and whole-layer knockouts by phase (SPEC §5, the paper's Figure 3).
+
+Mean ablation at the query: for each (layer, KV head), at the final token of every lookup prompt, the
+outputs z (before o_proj) of every query head that reads that KV head are replaced by their mean over
+`n_cal` calibration prompts (same layout, another seed: different key-name mappings); nothing else
+changes. The whole-layer variant replaces a layer's attention output at the final token(s) instead, and
+works on any decoder (PhaseLM or Hugging Face). Accuracy per residue t mod M (and folded to phases t mod
+S) is compared with the clean run: relative change (A_ko - A_clean) / A_clean.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from phasekv.analysis.hooks import FinalMeans, capture_final, head_knockout, is_phaselm, layer_knockout, means
+from phasekv.errors import ConfigError
+from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
+from phasekv.eval.run import evaluate
+from phasekv.eval.tokens import WordTokenizer
+
+CAL_SEED = 1_000_003  # calibration prompts use prompt seed + CAL_SEED: other mappings, same layout
+VARIANTS = ("head", "layer")
+
+
+def calibration_config(cfg: PromptConfig) -> PromptConfig:
+    return dataclasses.replace(cfg, seed=cfg.seed + CAL_SEED)
+
+
+def spread_pids(n_total: int, n: int) -> list[int]:
+    """n prompt ids spread evenly over 0..n_total-1 (every residue group alike: ids are grouped by residue)."""
+    return sorted(set(np.linspace(0, n_total - 1, min(n, n_total)).round().astype(int).tolist()))
+
+
+def _wordtok(tok) -> WordTokenizer:
+    return tok if isinstance(tok, WordTokenizer) else WordTokenizer(tok)
+
+
+@torch.no_grad()
+def calibrate(model, tok, cfg: PromptConfig, n_cal: int = 256, n_final: int = 1, batch_size: int = 32) -> FinalMeans:
+    """Mean attention outputs (and PhaseLM per-head z) at the final `n_final` tokens of `n_cal` calibration
+    prompts (`calibration_config(cfg)`)."""
+    tok = _wordtok(tok)
+    cal = calibration_config(cfg)
+    prompts = RetrievalPrompts(cal, tok)
+    with capture_final(model, prompts.length, n_final) as acc:
+        evaluate(model, tok, cal, spread_pids(len(prompts), n_cal), batch_size=batch_size)
+    return means(acc)
+
+
+def units(model, variant: str) -> list[tuple[int, int]]:
+    """(layer, kv_head) of every knockout; kv_head = -1 for the whole-layer variant."""
+    from phasekv.analysis.hooks import attention_modules
+
+    if variant not in VARIANTS:
+        raise ConfigError(f"knockout variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    if variant == "head":
+        if not is_phaselm(model):
+            raise ConfigError("per-KV-head knockouts need a phasekv model; use --variant layer for Hugging Face models")
+        return [(layer, h) for layer in range(model.config.n_layers) for h in range(model.config.n_kv_heads)]
+    return [(layer, -1) for layer in range(len(attention_modules(model)))]
+
+
+def knockout(model, means_: FinalMeans, layer: int, kv_head: int):
+    """The context manager of one knockout unit."""
+    return layer_knockout(model, layer, means_) if kv_head < 0 else head_knockout(model, layer, kv_head, means_)
+
+
+@torch.no_grad()
+def run_knockouts(model, tok, cfg: PromptConfig, variant: str = "head", n_cal: int = 256, n_final: int = 1,
+                  pids=None, batch_size: int = 32, only: list[tuple[int, int]] | None = None,
+                  advance: Callable[[int], None] | None = None) -> tuple[pd.DataFrame, FinalMeans]:
+    """Per-prompt rows of the clean run and of every knockout (columns of `evaluate` + layer, kv_head,
+    unit; the clean run has layer = kv_head = -1, unit 'clean'), and the calibration means used."""
+    tok = _wordtok(tok)
+    todo = units(model, variant) if only is None else only
+    means_ = calibrate(model, tok, cfg, n_cal, n_final, batch_size)
+    if RetrievalPrompts(cfg, tok).length != means_.length:
+        raise ConfigError("calibration and evaluation prompts differ in length")
+    frames = []
+    for layer, kv in [(-1, -1), *todo]:
+        if layer < 0:
+            rows = evaluate(model, tok, cfg, pids, batch_size=batch_size)
+        else:
+            with knockout(model, means_, layer, kv):
+                rows = evaluate(model, tok, cfg, pids, batch_size=batch_size)
+        frames.append(rows.assign(layer=layer, kv_head=kv, unit=unit_name(layer, kv)))
+        if advance is not None:
+            advance(1)
+    return pd.concat(frames, ignore_index=True), means_
+
+
+def unit_name(layer: int, kv_head: int) -> str:
+    if layer < 0:
+        return "clean"
+    return f"L{layer}" if kv_head < 0 else f"L{layer}·KV{kv_head}"
+
+
+def effect_table(rows: pd.DataFrame, modulus: int, stride: int | None) -> pd.DataFrame:
+    """Tidy accuracy table per (unit, grouping, group): grouping 'residue' (t mod M) and, with a stride,
+    'phase' (t mod S, pooled); acc, clean_acc, change (points) and rel_change = (acc - clean) / clean."""
+    rows = rows.assign(correct=rows["correct"].astype(float))
+    groupings = [("residue", modulus)] + ([("phase", stride)] if stride and modulus % stride == 0 else [])
+    out = []
+    for name, mod in groupings:
+        g = rows.assign(group=rows["target_pos"] % mod)
+        t = g.groupby(["unit", "layer", "kv_head", "group"], sort=False)["correct"].agg(["sum", "count"]).reset_index()
+        t["acc"] = t["sum"] / t["count"]
+        clean = t[t["unit"] == "clean"].set_index("group")["acc"]
+        t["clean_acc"] = t["group"].map(clean)
+        t["change"] = 100 * (t["acc"] - t["clean_acc"])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t["rel_change"] = np.where(t["clean_acc"] > 0, (t["acc"] - t["clean_acc"]) / t["clean_acc"], np.nan)
+        out.append(t.rename(columns={"sum": "correct", "count": "n"}).assign(grouping=name, modulus=mod))
+    cols = ["unit", "layer", "kv_head", "grouping", "modulus", "group", "n", "correct", "acc", "clean_acc",
+            "change", "rel_change"]
+    return pd.concat(out, ignore_index=True)[cols]
+
+
+def strongest(table: pd.DataFrame, grouping: str = "phase", top: int = 5) -> list[dict]:
+    """Knockout units ranked by phase specificity: the loss at their worst group minus their mean loss
+    (relative), i.e. how much more one phase suffers than the head's average."""
+    t = table[(table["grouping"] == grouping) & (table["unit"] != "clean")]
+    if t.empty:
+        t = table[(table["grouping"] == "residue") & (table["unit"] != "clean")]
+    out = []
+    for (unit, layer, kv), g in t.groupby(["unit", "layer", "kv_head"], sort=False):
+        loss = -g["rel_change"].to_numpy()
+        if not np.isfinite(loss).any():
+            continue
+        worst = int(np.nanargmax(loss))
+        out.append({"unit": unit, "layer": int(layer), "kv_head": int(kv), "worst_group": int(g["group"].iloc[worst]),
+                    "worst_rel_change": float(-loss[worst]), "mean_rel_change": float(-np.nanmean(loss)),
+                    "specificity": float(loss[worst] - np.nanmean(loss)),
+                    "profile": [round(float(x), 4) for x in g["rel_change"]]})
+    return sorted(out, key=lambda d: -d["specificity"])[:top]
+
+
+def analyze_knockout(em, cfg: PromptConfig, out, variant: str | None = None, n_cal: int = 256, n_final: int = 1,
+                     batch_size: int = 32, progress: bool = True) -> dict:
+    """Knockout map of an EvalModel (`phasekv.eval.models.load`) on lookup prompts `cfg`: writes
+    OUT/results.parquet (tidy effect table), OUT/prompts.parquet (per-prompt rows), OUT/summary.json and
+    OUT/knockout_map.png; returns the summary."""
+    from pathlib import Path
+
+    from phasekv.analysis.common import progress_bar, provenance, write_outputs
+    from phasekv.analysis.figures import knockout_map
+    from phasekv.eval.stats import profile_summary
+
+    variant = variant or ("head" if is_phaselm(em.model) else "layer")
+    todo = units(em.model, variant)
+    stride = em.stride
+    with progress_bar(progress, len(todo) + 1, f"knockouts · {em.name}") as advance:
+        rows, means_ = run_knockouts(em.model, em.tok, cfg, variant, n_cal, n_final, batch_size=batch_size,
+                                     advance=advance)
+    table = effect_table(rows, cfg.modulus, stride)
+    clean = table[(table["unit"] == "clean") & (table["grouping"] == "residue")]["acc"].to_numpy()
+    summary = {
+        "analysis": "knockout", "variant": variant, "model": em.name, "modulus": cfg.modulus, "stride": stride,
+        "n_prompts": int((rows["unit"] == "clean").sum()), "n_cal": means_.n, "n_final": n_final,
+        "replaced": "z of the query heads reading the KV head" if variant == "head" else "attention output",
+        "clean": {k: 100 * float(v) for k, v in profile_summary(clean).items()},
+        "strongest": strongest(table, "phase" if stride else "residue"),
+        "provenance": provenance(em, cfg, calibration_seed=calibration_config(cfg).seed),
+    }
+    out = Path(out)
+    knockout_map(table, out / "knockout_map.png", f"{em.name} · {variant} knockouts · {cfg.padding} padding")
+    write_outputs(out, table, summary, prompts=rows)
+    return summary
