@@ -147,13 +147,14 @@ def flip_figure(study: Study, colors: dict[str, str]) -> dict | None:
 def knockout_figure(stage: Stage, name: str, stride: int) -> dict:
     """Heatmaps of relative accuracy change: all residues (left) and folded mod S (right)."""
     rows, cols, z = tables.knockout_matrix(stage, stride, folded=False)
+    folded = tables.knockout_matrix(stage, stride, folded=True) if stride else None
     data = [{"type": "heatmap", "z": z.tolist(), "x": cols, "y": rows, "zmin": -100, "zmax": 100,
              "colorscale": RDBU, "colorbar": {"title": {"text": "Δ acc (%)"}, "len": 0.9},
              "hovertemplate": "%{y}, residue %{x}: %{z:.0f}%<extra></extra>"}]
     layout = _layout(f"Knockout map · {name}", "target-key position mod M", "KV head knocked out",
                      height=max(220, 60 + 40 * len(rows)))
-    if stride:
-        rows_f, cols_f, zf = tables.knockout_matrix(stage, stride, folded=True)
+    if folded is not None:
+        rows_f, cols_f, zf = folded
         data.append({"type": "heatmap", "z": zf.tolist(), "x": cols_f, "y": rows_f, "zmin": -100, "zmax": 100,
                      "colorscale": RDBU, "showscale": False, "xaxis": "x2", "yaxis": "y2",
                      "hovertemplate": "%{y}, phase %{x}: %{z:.0f}%<extra></extra>"})
@@ -219,9 +220,9 @@ def alignment_figure(study: Study, alias: str) -> dict | None:
         sc = tables.gate_scores(gates, branch)
         if sc is not None:
             panels.append((f"{branch} gate score / uniform", sc, [0.0, 2.0], "Viridis"))
-    if ko is not None and ko.results is not None:
-        rows, cols, z = tables.knockout_matrix(ko, m.stride, folded=True)
-        panels.append(("knockout Δ acc (%)", (rows, cols, z), [-100, 100], RDBU))
+    folded = tables.knockout_matrix(ko, m.stride, folded=True) if ko is not None and ko.results is not None else None
+    if folded is not None:
+        panels.append(("knockout Δ acc (%)", folded, [-100, 100], RDBU))
     width = 0.78 / max(len(panels), 1)
     for i, (title, (rows, cols, z), (lo, hi), scale) in enumerate(panels):
         ax = i + 2
@@ -240,7 +241,7 @@ def cycle_figure(study: Study, alias: str, colors: dict[str, str]) -> dict | Non
     stage = study.analyses.get("cycle", {}).get(alias)
     if stage is None or stage.results is None:
         return None
-    m, d = study.models[alias], stage.results
+    m, d = study.models[alias], tables.cycle_profiles(stage)
     data = []
     deltas = sorted(int(x) for x in d.delta.unique())
     palette = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d"]
@@ -251,9 +252,14 @@ def cycle_figure(study: Study, alias: str, colors: dict[str, str]) -> dict | Non
                          "name": "δ = 0 (uncycled)", "line": {"color": GREY, "width": 3}})
             continue
         c = palette[i % len(palette)]
+        data.append({"type": "scatter", "x": g.phase.tolist(), "y": g.hi.tolist(), "mode": "lines",
+                     "line": {"width": 0}, "hoverinfo": "skip", "showlegend": False, "legendgroup": str(delta)})
+        data.append({"type": "scatter", "x": g.phase.tolist(), "y": g.lo.tolist(), "mode": "lines",
+                     "line": {"width": 0}, "fill": "tonexty", "fillcolor": rgba(c, 0.12), "hoverinfo": "skip",
+                     "showlegend": False, "legendgroup": str(delta)})
         data.append({"type": "scatter", "x": g.phase.tolist(), "y": g.acc.tolist(), "mode": "lines+markers",
                      "name": f"δ = {delta:+d} observed", "line": {"color": c}, "legendgroup": str(delta)})
-        data.append({"type": "scatter", "x": g.phase.tolist(), "y": g.predicted.tolist(), "mode": "lines",
+        data.append({"type": "scatter", "x": g.phase.tolist(), "y": g.pred.tolist(), "mode": "lines",
                      "name": f"δ = {delta:+d} predicted", "line": {"color": c, "dash": "dash"},
                      "legendgroup": str(delta), "showlegend": False})
     shapes = [_vline(m.stride - 1, color="#b2182b", dash="dot")]

@@ -127,9 +127,9 @@ def flip_png(study: Study, colors: dict, path: Path) -> Path | None:
 def knockout_png(stage, name: str, stride: int, path: Path) -> Path:
     rows, cols, z = tables.knockout_matrix(stage, stride, folded=False)
     panels = [(rows, cols, z, "position mod M")]
-    if stride:
-        rf, cf, zf = tables.knockout_matrix(stage, stride, folded=True)
-        panels.append((rf, cf, zf, f"folded mod {stride}"))
+    folded = tables.knockout_matrix(stage, stride, folded=True) if stride else None
+    if folded is not None:
+        panels.append((*folded, f"folded mod {stride}"))
     fig, axes = plt.subplots(1, len(panels), figsize=(9, 0.9 + 0.45 * len(rows)), squeeze=False,
                              gridspec_kw={"width_ratios": [3, 1][: len(panels)]})
     for ax, (r, c, zz, xl) in zip(axes.flat, panels, strict=True):
@@ -178,8 +178,9 @@ def alignment_png(study: Study, alias: str, path: Path) -> Path | None:
     pts = tables.gate_points(gates)
     panels = [(f"{b} score / uniform", sc, (0, 2), "viridis") for b in ("key", "value")
               if (sc := tables.gate_scores(gates, b)) is not None]
-    if ko is not None and ko.results is not None:
-        panels.append(("knockout Δ acc (%)", tables.knockout_matrix(ko, m.stride, folded=True), (-100, 100), RDBU))
+    folded = tables.knockout_matrix(ko, m.stride, folded=True) if ko is not None and ko.results is not None else None
+    if folded is not None:
+        panels.append(("knockout Δ acc (%)", folded, (-100, 100), RDBU))
     fig, axes = plt.subplots(1, 1 + len(panels), figsize=(3 + 2.6 * len(panels), 1 + 0.45 * len(pts)), squeeze=False)
     labels = [tables.head_label(a, b, int(pts.kv_head.max()) + 1) for a, b in zip(pts.layer, pts.kv_head, strict=True)]
     ax = axes[0, 0]
@@ -201,15 +202,16 @@ def cycle_png(study: Study, alias: str, path: Path) -> Path | None:
     stage = study.analyses.get("cycle", {}).get(alias)
     if stage is None or stage.results is None:
         return None
-    m, d = study.models[alias], stage.results
+    m, d = study.models[alias], tables.cycle_profiles(stage)
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for i, delta in enumerate(sorted(int(x) for x in d.delta.unique())):
         g = d[d.delta == delta].sort_values("phase")
         if delta == 0:
             ax.plot(g.phase, g.acc, color="grey", lw=3, label="δ = 0")
             continue
+        ax.fill_between(g.phase, g.lo, g.hi, color=f"C{i}", alpha=0.12, lw=0)
         ax.plot(g.phase, g.acc, color=f"C{i}", marker="o", ms=3, label=f"δ = {delta:+d}")
-        ax.plot(g.phase, g.predicted, color=f"C{i}", ls="--", lw=1)
+        ax.plot(g.phase, g.pred, color=f"C{i}", ls="--", lw=1)
     ax.axvline(m.stride - 1, color="#b2182b", ls=":")
     ax.set_xlabel("phase")
     ax.set_ylabel("accuracy (%)")

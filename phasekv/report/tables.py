@@ -53,25 +53,24 @@ def run_table(study: Study) -> pd.DataFrame:
 
 
 def head_label(layer: int, kv_head: int, n_kv: int) -> str:
-    return f"layer {layer}" if n_kv == 1 else f"layer {layer} · KV {kv_head}"
+    """kv_head < 0 marks a whole-layer knockout."""
+    return f"layer {layer}" if n_kv <= 1 or kv_head < 0 else f"layer {layer} · KV {kv_head}"
 
 
-def knockout_matrix(stage: Stage, stride: int, folded: bool) -> tuple[list[str], list[int], np.ndarray]:
-    """Rows KV heads, columns residues (or phases when folded): relative accuracy change in percent,
-    clipped at ±100. Folding averages the residues of each phase."""
-    df = stage.results
-    col = "phase" if folded else "residue"
-    d = df.copy()
-    if folded:
-        d["phase"] = d["residue"] % stride
-    d = d.groupby(["layer", "kv_head", col], as_index=False)["rel_change"].mean()
+def knockout_matrix(stage: Stage, stride: int, folded: bool) -> tuple[list[str], list[int], np.ndarray] | None:
+    """Rows KV heads (or layers), columns residues (or phases mod S when folded): relative accuracy change
+    in percent, clipped at ±100 (`phasekv analyze knockout`'s effect table)."""
+    d = stage.results
+    d = d[(d.unit != "clean") & (d.grouping == ("phase" if folded else "residue"))]
+    if d.empty:
+        return None
     n_kv = int(d.kv_head.max()) + 1
     heads = sorted({(int(a), int(b)) for a, b in zip(d.layer, d.kv_head, strict=True)})
-    cols = sorted(int(c) for c in d[col].unique())
+    cols = sorted(int(c) for c in d.group.unique())
     z = np.full((len(heads), len(cols)), np.nan)
     hi, ci = {h: i for i, h in enumerate(heads)}, {c: i for i, c in enumerate(cols)}
     for r in d.itertuples():
-        z[hi[(int(r.layer), int(r.kv_head))], ci[int(getattr(r, col))]] = r.rel_change
+        z[hi[(int(r.layer), int(r.kv_head))], ci[int(r.group)]] = 100 * r.rel_change
     return [head_label(a, b, n_kv) for a, b in heads], cols, np.clip(z, -100, 100)
 
 
@@ -85,7 +84,7 @@ def gate_points(stage: Stage, branch: str = "key") -> pd.DataFrame:
 def gate_scores(stage: Stage, branch: str) -> tuple[list[str], list[int], np.ndarray] | None:
     """Mean gate score by phase relative to uniform (1 = uniform), rows KV heads."""
     d = stage.results
-    if "phase" not in d or "score" not in d:
+    if "phase" not in d or "score_rel" not in d:
         return None
     d = d[d.branch == branch]
     if d.empty:
@@ -95,7 +94,7 @@ def gate_scores(stage: Stage, branch: str) -> tuple[list[str], list[int], np.nda
     phases = sorted(int(p) for p in d.phase.unique())
     z = np.full((len(heads), len(phases)), np.nan)
     for r in d.itertuples():
-        z[heads.index((int(r.layer), int(r.kv_head))), phases.index(int(r.phase))] = r.score
+        z[heads.index((int(r.layer), int(r.kv_head))), phases.index(int(r.phase))] = r.score_rel
     return [head_label(a, b, n_kv) for a, b in heads], phases, z
 
 
@@ -113,10 +112,18 @@ def r2_grid(study: Study) -> pd.DataFrame | None:
     """Gate cycling R² (excluding the boundary phase) per model and delta, with bootstrap intervals."""
     rows = []
     for alias, stage in study.analyses.get("cycle", {}).items():
-        for r in stage.summary.get("r2", []):
-            rows.append({"alias": alias, "delta": int(r["delta"]), "r2": r.get("r2"), "lo": r.get("lo"),
-                         "hi": r.get("hi")})
+        for r in stage.summary.get("grid", []):
+            rows.append({"alias": alias, "delta": int(r["delta"]), "r2": r.get("r2"), "lo": r.get("r2_lo"),
+                         "hi": r.get("r2_hi")})
     return pd.DataFrame(rows) if rows else None
+
+
+def cycle_profiles(stage: Stage) -> pd.DataFrame:
+    """Accuracy by phase per delta in percent: observed (acc, band lo/hi), uncycled (acc0), predicted (pred)."""
+    d = stage.results.copy()
+    for c in ("acc", "acc0", "pred", "lo", "hi"):
+        d[c] = 100 * d[c]
+    return d.sort_values(["delta", "phase"])
 
 
 def flip_table(stage: Stage) -> pd.DataFrame:

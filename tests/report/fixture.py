@@ -33,8 +33,8 @@ def planted_accuracy(cfg: ModelConfig) -> np.ndarray:
     r = np.arange(M)
     if not cfg.compressed:
         return np.full(M, 0.95)
-    low = 0.15 if cfg.gate == "uniform" else 0.1
-    high = 0.35 if cfg.gate == "uniform" else 0.9
+    low = 0.05 if cfg.gate == "uniform" else 0.1
+    high = 0.6 if cfg.gate == "uniform" else 0.9
     return np.where(r % cfg.stride == cfg.stride - 1, low, high)
 
 
@@ -77,36 +77,47 @@ def run_dir(out: Path, cfg: ModelConfig, rng: np.random.Generator) -> None:
     _write(out / "done.json", {"step": 200, "seconds": float(rng.uniform(60, 120))})
 
 
-def analysis_stages(lay: Layout, alias: str, cfg: ModelConfig) -> None:
-    acc = planted_accuracy(cfg) * 100
-    ko = [{"layer": layer, "kv_head": 0, "residue": r,
-           "rel_change": float(-80 if (layer == 1 and r % max(cfg.stride, 1) == 2) else -10 * layer)}
-          for layer in range(2) for r in range(M)]
+def analysis_stages(lay: Layout, alias: str, cfg: ModelConfig, rng: np.random.Generator) -> None:
+    """Knockout effect tables from planted per-prompt rows (the mechanism room's `effect_table`), gate
+    statistics and a cycling grid in the mechanism room's schemas."""
+    from phasekv.analysis.knockout import effect_table
+
+    acc = planted_accuracy(cfg)
+    S = cfg.stride
+    rows = []
+    for unit, layer in (("clean", -1), ("L0", 0), ("L1", 1)):
+        for r in range(M):
+            # layer 1's knockout loses phase 2 (mod S) only; layer 0's costs a little everywhere
+            a = acc[r] * (0.2 if (layer == 1 and S and r % S == 2) else 0.9 if layer == 0 else 1.0)
+            for k in range(8):
+                rows.append({"unit": unit, "layer": layer, "kv_head": 0 if layer >= 0 else -1,
+                             "target_pos": 48 + r + M * k, "correct": bool(rng.random() < a)})
     out = lay.analysis("knockout", alias)
     out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(ko).to_parquet(out / "results.parquet", index=False)
-    _write(out / "summary.json", {"model": cfg.name, "modulus": M})
+    effect_table(pd.DataFrame(rows), M, S or None).to_parquet(out / "results.parquet", index=False)
+    _write(out / "summary.json", {"analysis": "knockout", "model": cfg.name, "modulus": M, "stride": S or None})
     if not cfg.compressed or cfg.gate == "uniform":
         return
-    S = cfg.stride
-    gates = [{"layer": layer, "kv_head": 0, "branch": branch, "phase": p,
-              "score": 1.6 if p == (2 + (branch == "value")) % S else 0.9,
-              "static": 2.0 + layer, "per_window": 1.5 + layer}
+    gates = [{"layer": layer, "kv_head": 0, "branch": branch, "phase": p, "shifted": branch == "value",
+              "score_rel": 1.6 if p == 2 else 0.9, "static": 2.0 + layer, "per_window": 1.5 + layer}
              for layer in range(2) for branch in ("key", "value") for p in range(S)]
     out = lay.analysis("gates", alias)
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(gates).to_parquet(out / "results.parquet", index=False)
-    _write(out / "summary.json", {"model": cfg.name})
-    if cfg.window != cfg.stride:
+    _write(out / "summary.json", {"analysis": "gates", "model": cfg.name})
+    if cfg.window != S:
         return
     base = acc[:S]
-    cyc = [{"delta": d, "phase": r, "acc": float(base[(r - d) % S] + 3), "predicted": float(base[(r - d) % S])}
-           for d in range(-2, 3) for r in range(S)]
+    prof = [{"model": cfg.name, "delta": d, "phase": r, "boundary": r == S - 1, "acc0": base[r],
+             "acc": float(base[(r - d) % S] - 0.03), "pred": float(base[(r - d) % S]),
+             "lo": float(base[(r - d) % S] - 0.1), "hi": float(min(base[(r - d) % S] + 0.05, 1)),
+             "r2": np.nan if d == 0 else 0.9 - 0.05 * abs(d), "r2_lo": np.nan if d == 0 else 0.7,
+             "r2_hi": np.nan if d == 0 else 0.99} for d in range(-2, 3) for r in range(S)]
     out = lay.analysis("cycle", alias)
     out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(cyc).to_parquet(out / "results.parquet", index=False)
-    _write(out / "summary.json", {"model": cfg.name, "r2": [
-        {"delta": d, "r2": 0.9 - 0.05 * abs(d), "lo": 0.7, "hi": 0.99} for d in (-2, -1, 1, 2)]})
+    pd.DataFrame(prof).to_parquet(out / "results.parquet", index=False)
+    _write(out / "summary.json", {"analysis": "cycle", "grid": [
+        {"model": cfg.name, "delta": d, "r2": 0.9 - 0.05 * abs(d), "r2_lo": 0.7, "r2_hi": 0.99} for d in (-2, -1, 1, 2)]})
 
 
 def flip_stage(out: Path, cfg: ModelConfig) -> None:
@@ -141,7 +152,7 @@ def make_study(root: Path, seed: int = 0) -> Path:
         for padding in ("prefix", "in-sequence"):
             if padding == "prefix" or cfg.compressed:
                 lookup_stage(lay.lookup(padding, alias), cfg, padding, rng)
-        analysis_stages(lay, alias, cfg)
+        analysis_stages(lay, alias, cfg, rng)
         if alias in ("full-1kv", "w8s4-1kv"):
             flip_stage(lay.flip(alias), cfg)
     theory_stage(lay.theory / "coverage")
