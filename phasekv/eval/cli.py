@@ -1,0 +1,171 @@
+"""`phasekv eval lookup|needle|flip`: phase-aware evaluation from the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from phasekv.errors import ConfigError
+
+app = typer.Typer(help="Phase-aware evaluation: accuracy per residue group with intervals, gap and period.",
+                  no_args_is_help=True)
+console = Console()
+
+MODEL_HELP = "A phasekv run directory (latest checkpoint), a PhaseLM.save directory or a Hugging Face causal LM directory."
+PADDING_HELP = "prefix: all records shift together; in-sequence: random gaps between records (distractor phases vary)."
+PER_GROUP_HELP = "Prompts per residue group N; exact mean/variance matching needs a multiple of M^2 (else rounded up)."
+
+
+def _device(spec: str) -> str:
+    import torch
+
+    if spec == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return spec
+
+
+def _load(model: Path, device: str, trust_remote_code: bool, tokenizer: Path | None):
+    from phasekv.eval.models import load
+
+    return load(model, device=_device(device), trust_remote_code=trust_remote_code, tokenizer=tokenizer)
+
+
+def _finish(summary: dict | None, out: Path) -> None:
+    from phasekv.eval.report import print_summary
+
+    if summary is None:  # non-zero torchrun rank
+        return
+    print_summary(summary, console)
+    console.print(f"wrote {out}/results.parquet, summary.json, accuracy.png")
+
+
+COMMON = {
+    "model": typer.Option(..., "--model", help=MODEL_HELP),
+    "out": typer.Option(..., "--out", help="Output directory (results.parquet, summary.json, accuracy.png)."),
+}
+
+
+@app.command()
+def lookup(
+    model: Path = COMMON["model"],
+    out: Path = COMMON["out"],
+    padding: str = typer.Option("prefix", help=PADDING_HELP),
+    per_group: int = typer.Option(576, "--per-group", help=PER_GROUP_HELP),
+    keep_n: bool = typer.Option(False, "--keep-n", help="Keep a non-multiple N: sample an exactly matched design "
+                                "distribution and report the achieved spread instead of rounding up."),
+    modulus: int = typer.Option(24, help="Residue groups M: target key position mod M."),
+    records: int = typer.Option(64, help="Records (animal key, name) per prompt."),
+    demos: int = typer.Option(8, help="Demonstrations before the target key."),
+    filler: int = typer.Option(48, help="Filler tokens per prompt (fixed, so the query position is fixed)."),
+    mappings: int = typer.Option(32, help="Key-name mappings (bootstrap unit), each used at every residue."),
+    seed: int = typer.Option(0, help="Seed of mappings, positions and filler."),
+    stride: int = typer.Option(None, help="Stride S for the period tests (default: the model's)."),
+    interval: str = typer.Option("bootstrap", help="Per-group intervals: bootstrap (over mappings) or wilson."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Prompts per forward pass."),
+    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
+    tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
+    fresh: bool = typer.Option(False, "--fresh", help="Ignore partial results of an interrupted run."),
+) -> None:
+    """Animal-to-name lookup: R records, D demonstrations, the target key; top-1 accuracy per residue."""
+    from phasekv.eval.prompts import lookup_config
+    from phasekv.eval.run import run_retrieval
+
+    cfg = lookup_config(records=records, demos=demos, padding=padding, filler=filler, modulus=modulus,
+                        per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed)
+    em = _load(model, device, trust_remote_code, tokenizer)
+    _check_stride(stride, modulus)
+    _finish(run_retrieval("lookup", em, cfg, out, batch_size=batch_size, interval=interval, stride=stride,
+                          resume=not fresh), out)
+
+
+@app.command()
+def needle(
+    model: Path = COMMON["model"],
+    out: Path = COMMON["out"],
+    context: int = typer.Option(131072, help="Context tokens per prompt (special tokens not counted)."),
+    records: int = typer.Option(16000, help="Four-token key-value records in the context."),
+    padding: str = typer.Option("in-sequence", help=PADDING_HELP),
+    per_group: int = typer.Option(256, "--per-group", help=PER_GROUP_HELP),
+    keep_n: bool = typer.Option(False, "--keep-n", help="Keep a non-multiple N (sampled design, spread reported)."),
+    modulus: int = typer.Option(8, help="Residue groups M: target key position mod M."),
+    demos: int = typer.Option(2, help="Demonstration records before the query."),
+    mappings: int = typer.Option(16, help="Key-value mappings (bootstrap unit)."),
+    seed: int = typer.Option(0, help="Seed of mappings, positions and filler."),
+    stride: int = typer.Option(None, help="Stride S for the period tests (default: the model's)."),
+    interval: str = typer.Option("wilson", help="Per-group intervals: wilson or bootstrap (over mappings)."),
+    batch_size: int = typer.Option(1, "--batch-size", help="Prompts per forward pass."),
+    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
+    tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
+    fresh: bool = typer.Option(False, "--fresh", help="Ignore partial results of an interrupted run."),
+) -> None:
+    """Position-matched needle test: one target key near the middle of a long context of records."""
+    from phasekv.eval.prompts import needle_config
+    from phasekv.eval.run import run_retrieval
+
+    cfg = needle_config(context=context, records=records, padding=padding, per_group=per_group, keep_n=keep_n,
+                        modulus=modulus, demos=demos, mappings=mappings, seed=seed)
+    em = _load(model, device, trust_remote_code, tokenizer)
+    _check_stride(stride, modulus)
+    _finish(run_retrieval("needle", em, cfg, out, batch_size=batch_size, interval=interval, stride=stride,
+                          resume=not fresh), out)
+
+
+@app.command()
+def flip(
+    model: Path = COMMON["model"],
+    out: Path = typer.Option(..., "--out", help="Output directory (results.parquet, summary.json, flip.png)."),
+    prompt: str = typer.Option(None, help="Prompt text (default: a short lookup prompt from the shipped words)."),
+    candidates: str = typer.Option(None, help="Comma-separated continuations incl. leading spaces, e.g. ' 8, 32'."),
+    families: str = typer.Option("words,repeat:the,repeat:=,repeat:,", help="Filler families: words, repeat:X."),
+    lengths: int = typer.Option(16, help="Filler lengths per family (one token more each)."),
+    start: int = typer.Option(0, help="First filler length."),
+    records: int = typer.Option(8, help="Records of the default prompt."),
+    seed: int = typer.Option(0, help="Seed of the default prompt and the word filler."),
+    stride: int = typer.Option(None, help="Stride S of the pattern (default: the model's)."),
+    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
+    tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
+) -> None:
+    """Filler sweep: P(candidate) as filler grows one token at a time; counts rankings periodic in L mod S."""
+    from phasekv.eval.flip import FlipConfig, run_flip
+
+    cands = None if candidates is None else [c for c in candidates.split(",") if c.strip()]
+    fams = [f for f in _split_families(families) if f]
+    cfg = FlipConfig(prompt=prompt, candidates=cands, families=fams, lengths=lengths, start=start, records=records,
+                     seed=seed)
+    em = _load(model, device, trust_remote_code, tokenizer)
+    s = run_flip(em, cfg, out, stride=stride)
+    console.print(f"[bold]{s['model']}[/] · candidates {s['candidates']} · S={s['stride']}")
+    for fam, f in s["families"].items():
+        line = " ".join(str(s["candidates"].index(w)) for w in f["winners"])
+        extra = f" · follow {f['follow']}/{len(f['winners'])}" if "follow" in f else ""
+        console.print(f"  {fam:>14}: winners by length {line}{extra}")
+    for fam, why in s["skipped_families"].items():
+        console.print(f"  [yellow]skipped {fam}[/]: {why}")
+    if s["follow_pattern"] is not None:
+        console.print(f"{s['follow_pattern']} of {s['rankings']} rankings follow a pattern in L mod {s['stride']}"
+                      f"{' (the winner switches with the phase)' if s['switching'] else ' (one winner throughout)'}")
+    console.print(f"wrote {out}/results.parquet, summary.json, flip.png")
+
+
+def _split_families(spec: str) -> list[str]:
+    """Split on commas, keeping 'repeat:,' (a comma as the repeated unit) intact."""
+    out, cur = [], ""
+    for ch in spec:
+        if ch == "," and cur and not cur.endswith(":"):
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _check_stride(stride: int | None, modulus: int) -> None:
+    if stride is not None and (stride < 1 or modulus % stride):
+        raise ConfigError(f"--stride {stride} must divide --modulus {modulus}")

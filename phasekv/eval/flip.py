@@ -1,0 +1,173 @@
+"""The filler sweep (flip test): fixed prompt and candidates, filler lengthened one token at a time.
+
+For every filler family and length L the sequence is [special] filler(L) prompt; each candidate's
+probability is read after the prompt (teacher-forced for multi-token candidates). Token-exactness: the
+prompt's ids must be identical at every length and filler(L) must be exactly one token longer than
+filler(L-1); a family whose text does not tokenise that way is skipped with a notice. A ranking
+"follows the pattern" when its winner is the majority winner of its phase L mod S.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from phasekv.errors import ConfigError, DataError
+from phasekv.eval.models import EvalModel, last_logits
+from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
+from phasekv.eval.tokens import WordTokenizer, word_list
+
+DEFAULT_FAMILIES = ("words", "repeat:the", "repeat:=", "repeat:,")
+
+
+@dataclass
+class FlipConfig:
+    prompt: str | None = None  # prompt text; None: a lookup-style prompt built from the shipped words
+    candidates: list[str] | None = None  # continuations (with their leading space); None: right + wrong name
+    families: list[str] = field(default_factory=lambda: list(DEFAULT_FAMILIES))  # "words" | "repeat:X"
+    lengths: int = 16  # filler lengths per family
+    start: int = 0  # first filler length (tokens)
+    records: int = 8  # records of the default prompt
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_prompt(tok: WordTokenizer, records: int, seed: int) -> tuple[str, list[str]]:
+    """A short lookup prompt (no filler) and candidates [right name, the next record's name]."""
+    cfg = PromptConfig(records=records, demos=1, modulus=1, per_group=1, filler=1, mappings=1, seed=seed)
+    ps = RetrievalPrompts(cfg, tok)
+    words, t, i, answer = ps.words(0)
+    keys, values = ps.mapping(0)
+    wrong = next(v for v in values if v != answer)
+    return " ".join(words), [" " + answer, " " + wrong]
+
+
+def filler_text(family: str, n: int, seed: int) -> str:
+    if family == "words":
+        pool = word_list("filler")
+        draws = np.random.default_rng([seed, 11]).integers(0, len(pool), 1 << 16)  # one fixed word stream
+        if n > draws.size:
+            raise ConfigError(f"filler length {n} exceeds {draws.size}")
+        return " ".join(pool[i] for i in draws[:n])
+    if family.startswith("repeat:") and len(family) > len("repeat:"):
+        return " ".join([family[len("repeat:"):]] * n)
+    raise ConfigError(f"unknown filler family {family!r}: use 'words' or 'repeat:X'")
+
+
+def sequences(tok: WordTokenizer, cfg: FlipConfig, prompt: str, family: str) -> list[list[int]] | str:
+    """Token ids per length (start .. start+lengths-1), or the reason the family is not token-exact."""
+    seqs = []
+    for L in range(cfg.start, cfg.start + cfg.lengths):
+        fill = filler_text(family, L, cfg.seed)
+        seqs.append(tok.encode(tok.lead + (fill + " " + prompt if fill else prompt)))
+    tail = len(tok.encode(tok.lead + prompt)) - len(tok.prefix)
+    for k, s in enumerate(seqs):
+        if s[-tail:] != seqs[0][-tail:] or s[: len(tok.prefix)] != tok.prefix:
+            return f"the prompt tokenises differently after {cfg.start + k} filler tokens"
+        if len(s) != len(seqs[0]) + k:
+            return f"filler of {cfg.start + k} units is {len(s) - len(seqs[0]) + cfg.start} tokens, not {cfg.start + k}"
+    return seqs
+
+
+def candidate_ids(tok: WordTokenizer, prompt: str, cand: str) -> list[int]:
+    base = tok.encode(tok.lead + prompt)
+    full = tok.encode(tok.lead + prompt + cand)
+    if full[: len(base)] != base or len(full) == len(base):
+        raise DataError(f"candidate {cand!r} does not tokenise as a continuation of the prompt")
+    return full[len(base):]
+
+
+@torch.no_grad()
+def candidate_logprobs(model: torch.nn.Module, ids: list[int], cands: list[list[int]]) -> list[float]:
+    """log P(candidate | ids) for each candidate (teacher forcing beyond its first token)."""
+    device = next(model.parameters()).device
+    x = torch.tensor([ids], device=device)
+    first = torch.log_softmax(last_logits(model, x), -1)[0]  # (V,)
+    out = []
+    for c in cands:
+        lp = float(first[c[0]])
+        if len(c) > 1:
+            y = torch.tensor([ids + c[:-1]], device=device)
+            logits = model(y) if hasattr(model, "new_cache") else model(input_ids=y).logits  # (1, T, V)
+            lps = torch.log_softmax(logits[0, len(ids):].float(), -1)  # (len(c)-1, V)
+            lp += float(lps.gather(1, torch.tensor(c[1:], device=device)[:, None]).sum())
+        out.append(lp)
+    return out
+
+
+def follow_pattern(winners: list[int], lengths: list[int], stride: int) -> tuple[int, dict]:
+    """Rankings whose winner is the majority winner of their phase L mod S, and that majority per phase."""
+    phases: dict[int, list[int]] = {}
+    for w, L in zip(winners, lengths, strict=True):
+        phases.setdefault(L % stride, []).append(w)
+    major = {ph: max(set(ws), key=ws.count) for ph, ws in phases.items()}
+    return sum(w == major[L % stride] for w, L in zip(winners, lengths, strict=True)), major
+
+
+def run_flip(em: EvalModel, cfg: FlipConfig, out: str | Path, stride: int | None = None,
+             progress: bool = True) -> dict:
+    from phasekv.eval.report import plot_flip
+    from phasekv.eval.run import _atomic_parquet, _atomic_text, _json_default, _progress, versions
+
+    t0 = time.time()
+    stride = stride if stride is not None else em.stride
+    tok = em.tok
+    if cfg.prompt is None:
+        prompt, cands = default_prompt(tok, cfg.records, cfg.seed)
+        cands = cfg.candidates or cands
+    else:
+        prompt, cands = cfg.prompt, cfg.candidates
+    if not cands or len(cands) < 2:
+        raise ConfigError("flip needs at least two candidates (--candidates ' 8,32')")
+    cand_ids = [candidate_ids(tok, prompt, c) for c in cands]
+    seqs, skipped = {}, {}
+    for fam in cfg.families:
+        s = sequences(tok, cfg, prompt, fam)
+        (skipped if isinstance(s, str) else seqs)[fam] = s
+    if not seqs:
+        raise DataError(f"no filler family tokenises one token per step: {skipped}")
+    rows = []
+    lengths = list(range(cfg.start, cfg.start + cfg.lengths))
+    with _progress(progress, len(seqs) * len(lengths), f"flip · {em.name}") as advance:
+        for fam, ss in seqs.items():
+            for L, ids in zip(lengths, ss, strict=True):
+                lps = candidate_logprobs(em.model, ids, cand_ids)
+                win = int(np.argmax(lps))
+                for k, (c, lp) in enumerate(zip(cands, lps, strict=True)):
+                    rows.append({"family": fam, "length": L, "tokens": len(ids), "candidate": c, "logprob": lp,
+                                 "prob": float(np.exp(lp)), "top": k == win, "winner": cands[win]})
+                advance(1)
+    df = pd.DataFrame(rows)
+    fams = {}
+    for fam in seqs:
+        d = df[(df["family"] == fam) & df["top"]].sort_values("length")
+        winners = [cands.index(w) for w in d["winner"]]
+        entry = {"winners": [cands[w] for w in winners], "wins": {c: winners.count(i) for i, c in enumerate(cands)}}
+        if stride:
+            n, major = follow_pattern(winners, d["length"].tolist(), stride)
+            entry.update(follow=n, majority_by_phase={str(k): cands[v] for k, v in sorted(major.items())})
+        fams[fam] = entry
+    total = len(seqs) * len(lengths)
+    follow = sum(f.get("follow", 0) for f in fams.values()) if stride else None
+    summary = {
+        "task": "flip", "model": em.name, "model_kind": em.kind, "stride": stride, "prompt": prompt,
+        "candidates": cands, "families": fams, "skipped_families": skipped,
+        "rankings": total, "follow_pattern": follow,
+        "switching": bool(stride) and any(len(set(f["majority_by_phase"].values())) > 1 for f in fams.values()),
+        "provenance": {"config": cfg.to_dict(), "model_info": em.info, "tokenizer": tok.name,
+                       "seconds": round(time.time() - t0, 2), "versions": versions()},
+    }
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic_parquet(out / "results.parquet", df)
+    _atomic_text(out / "summary.json", json.dumps(summary, indent=2, default=_json_default))
+    plot_flip(df, stride, out / "flip.png", cands)
+    return summary

@@ -1,0 +1,286 @@
+"""Running retrieval evaluations: score prompts (reusable with hooks active), resume, shard, write results.
+
+Python use (the mechanism analyses call this with hooks on the model):
+
+    from phasekv.eval.prompts import lookup_config
+    from phasekv.eval.run import evaluate
+    rows = evaluate(model, tokenizer, lookup_config(records=16, per_group=576))  # pandas DataFrame
+
+A run directory holds `results.parquet` (one row per prompt), `summary.json`, `accuracy.png`; while a
+run is in flight its rows are flushed to `OUT/.partial/` so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from phasekv.errors import ConfigError
+from phasekv.eval.models import EvalModel, last_logits
+from phasekv.eval.prompts import Prompt, PromptConfig, RetrievalPrompts
+from phasekv.eval.stats import summarize
+from phasekv.eval.tokens import WordTokenizer
+
+COLUMNS = ["pid", "residue", "target_pos", "query_pos", "target_index", "mapping", "answer", "answer_word",
+           "pred", "pred_word", "correct", "prob", "protocol"]
+PARTIAL = ".partial"
+FLUSH_ROWS = 256  # rows per partial file
+
+
+def score(model: torch.nn.Module, tok: WordTokenizer, prompts: Iterable[Prompt], protocol: str,
+          batch_size: int = 32) -> Iterator[list[dict]]:
+    """Full-vocabulary top-1 and the answer's probability at each prompt's query; yields rows per batch.
+    Prompts of one run all have the same length (fixed query position), so batches need no padding."""
+    device = next(model.parameters()).device
+    batch: list[Prompt] = []
+
+    def run(batch: list[Prompt]) -> list[dict]:
+        ids = torch.tensor([p.ids for p in batch], dtype=torch.long, device=device)  # (B, T)
+        logits = last_logits(model, ids)  # (B, V)
+        probs = torch.softmax(logits, dim=-1)
+        pred = logits.argmax(-1).tolist()
+        answer = torch.tensor([p.answer for p in batch], device=device)
+        p_ans = probs.gather(1, answer[:, None])[:, 0].tolist()
+        return [
+            {"pid": p.pid, "residue": p.residue, "target_pos": p.target_pos, "query_pos": p.query_pos,
+             "target_index": p.target_index, "mapping": p.mapping, "answer": p.answer, "answer_word": p.answer_word,
+             "pred": pr, "pred_word": tok.decode_id(pr), "correct": pr == p.answer, "prob": pa, "protocol": protocol}
+            for p, pr, pa in zip(batch, pred, p_ans, strict=True)
+        ]
+
+    for p in prompts:
+        batch.append(p)
+        if len(batch) == batch_size:
+            yield run(batch)
+            batch = []
+    if batch:
+        yield run(batch)
+
+
+def evaluate(model, tokenizer, cfg: PromptConfig, pids: Iterable[int] | None = None, batch_size: int = 32,
+             progress: bool = False) -> pd.DataFrame:
+    """Per-prompt rows (columns COLUMNS) of a lookup/needle evaluation of `model` (a PhaseLM, a transformers
+    causal LM or an EvalModel) with `tokenizer` (tokenizers / transformers / WordTokenizer; ignored for an
+    EvalModel). Hooks registered on the model stay active."""
+    model, tok = _unwrap(model, tokenizer)
+    prompts = RetrievalPrompts(cfg, tok)
+    pids = list(range(len(prompts))) if pids is None else list(pids)
+    rows: list[dict] = []
+    with _progress(progress, len(pids), "evaluating") as advance:
+        for chunk in score(model, tok, (prompts.prompt(p) for p in pids), cfg.padding, batch_size):
+            rows.extend(chunk)
+            advance(len(chunk))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _unwrap(model, tokenizer) -> tuple[torch.nn.Module, WordTokenizer]:
+    if isinstance(model, EvalModel):
+        return model.model, model.tok
+    if tokenizer is None:
+        raise ConfigError("evaluate() needs a tokenizer unless the model is an EvalModel")
+    return model, tokenizer if isinstance(tokenizer, WordTokenizer) else WordTokenizer(tokenizer)
+
+
+# ---------------------------------------------------------------- run directories, resume, sharding
+
+
+def run_retrieval(task: str, em: EvalModel, cfg: PromptConfig, out: str | Path, batch_size: int = 32,
+                  interval: str = "bootstrap", stride: int | None = None, resume: bool = True,
+                  progress: bool = True, extra: dict | None = None) -> dict | None:
+    """Evaluate every prompt (sharded over torchrun ranks), write results/summary/figure; returns the summary
+    on rank 0 (None on other ranks)."""
+    out = Path(out)
+    rank, world = _dist_init(em.device)
+    t0 = time.time()
+    prompts = RetrievalPrompts(cfg, em.tok)
+    stride = stride if stride is not None else em.stride
+    fingerprint = {"task": task, "model": em.info.get("weights", em.info.get("path")), "prompts": prompts.metadata()}
+    part = out / PARTIAL
+    done = _load_partial(part, fingerprint) if resume else pd.DataFrame(columns=COLUMNS)
+    if rank == 0:
+        if not resume and part.exists():
+            shutil.rmtree(part)
+        part.mkdir(parents=True, exist_ok=True)
+        _atomic_text(part / "fingerprint.json", json.dumps(fingerprint, sort_keys=True, default=str))
+    _barrier(world)
+    todo = sorted(set(range(len(prompts))) - set(done["pid"].tolist()))[rank::world]
+    new: list[dict] = []
+    pending: list[dict] = []
+    with _progress(progress and rank == 0, len(todo), f"{task} · {em.name}") as advance:
+        for chunk in score(em.model, em.tok, (prompts.prompt(p) for p in todo), cfg.padding, batch_size):
+            new.extend(chunk)
+            pending.extend(chunk)
+            advance(len(chunk))
+            if len(pending) >= FLUSH_ROWS:
+                _flush(part, rank, pending)
+                pending = []
+    if pending:
+        _flush(part, rank, pending)
+    gathered = _gather(new, world)
+    if rank != 0:
+        _barrier(world)
+        return None
+    rows = pd.concat([done, pd.DataFrame(gathered, columns=COLUMNS)], ignore_index=True)
+    rows = rows.drop_duplicates("pid").sort_values("pid").reset_index(drop=True)
+    if len(rows) != len(prompts):
+        raise ConfigError(f"{out}: {len(rows)} of {len(prompts)} prompts evaluated")
+    summary = write_run(out, rows, task, em, cfg, prompts, stride, interval, time.time() - t0, world, extra or {})
+    shutil.rmtree(part, ignore_errors=True)
+    _barrier(world)
+    return summary
+
+
+def write_run(out: Path, rows: pd.DataFrame, task: str, em: EvalModel, cfg: PromptConfig, prompts: RetrievalPrompts,
+              stride: int | None, interval: str, seconds: float, world: int, extra: dict) -> dict:
+    from phasekv.eval.report import plot_profile
+
+    rows = rows.astype({"correct": bool, "prob": float})
+    s = summarize(rows["residue"], rows["mapping"], rows["correct"], cfg.modulus, stride, interval=interval,
+                  seed=cfg.seed)
+    meta = prompts.metadata()
+    achieved = _achieved_moments(rows, cfg.modulus)
+    summary = {
+        "task": task, "model": em.name, "model_kind": em.kind, "protocol": cfg.padding, "modulus": cfg.modulus,
+        "stride": stride, **s.to_dict(),
+        "n_prompts": len(rows), "records": cfg.records, "demos": cfg.demos, "query_pos": meta["query_pos"],
+        "prompt_length": meta["length"], "per_group": meta["per_group"],
+        "per_group_requested": meta["per_group_requested"], "design_notice": meta["design_notice"],
+        "target_moments": achieved,
+        "provenance": {"seed": cfg.seed, "prompt_config": cfg.to_dict(), "model_info": em.info,
+                       "tokenizer": em.tok.name, "word_pools": meta["word_pools"], "world_size": world,
+                       "seconds": round(seconds, 2), "versions": versions(), **extra},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic_parquet(out / "results.parquet", rows)
+    _atomic_text(out / "summary.json", json.dumps(summary, indent=2, default=_json_default))
+    plot_profile(summary, out / "accuracy.png")
+    return summary
+
+
+def _achieved_moments(rows: pd.DataFrame, modulus: int) -> dict:
+    """Mean and variance of the evaluated target positions per group (verifies the design on the rows)."""
+    g = rows.groupby("residue")["target_pos"]
+    mean, var = g.mean().reindex(range(modulus)), g.var(ddof=0).reindex(range(modulus))
+    return {"mean": mean.tolist(), "var": var.tolist(), "mean_spread": float(mean.max() - mean.min()),
+            "var_spread": float(var.max() - var.min()), "query_positions": sorted(set(rows["query_pos"].tolist()))}
+
+
+def versions() -> dict:
+    import phasekv
+
+    v = {"phasekv": phasekv.__version__, "torch": torch.__version__, "numpy": np.__version__}
+    try:
+        import transformers
+
+        v["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    try:
+        root = Path(__file__).resolve().parents[2]
+        v["git"] = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                  text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        v["git"] = None
+    return v
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def _load_partial(part: Path, fingerprint: dict) -> pd.DataFrame:
+    """Rows of an interrupted run with the same fingerprint (else none: the stale partial is discarded)."""
+    fp = part / "fingerprint.json"
+    if not fp.is_file():
+        return pd.DataFrame(columns=COLUMNS)
+    try:
+        same = json.loads(fp.read_text()) == json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
+    except (OSError, json.JSONDecodeError):
+        same = False
+    files = sorted(part.glob("rows-*.parquet"))
+    if not same or not files:
+        return pd.DataFrame(columns=COLUMNS)
+    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True).drop_duplicates("pid")
+
+
+def _flush(part: Path, rank: int, rows: list[dict]) -> None:
+    n = len(list(part.glob(f"rows-r{rank}-*.parquet")))
+    _atomic_parquet(part / f"rows-r{rank}-{n:06d}-{os.getpid()}.parquet", pd.DataFrame(rows, columns=COLUMNS))
+
+
+def _atomic_parquet(path: Path, df: pd.DataFrame) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _dist_init(device: torch.device) -> tuple[int, int]:
+    """(rank, world) under torchrun (process group created on first use), (0, 1) otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _gather(rows: list[dict], world: int) -> list[dict]:
+    if world <= 1:
+        return rows
+    import torch.distributed as dist
+
+    parts: list[list[dict]] | None = [None] * world if dist.get_rank() == 0 else None
+    dist.gather_object(rows, parts, dst=0)
+    return [r for p in parts for r in p] if parts is not None else []
+
+
+class _progress:
+    """Rich progress bar as a context manager yielding advance(n); silent when disabled."""
+
+    def __init__(self, enabled: bool, total: int, label: str):
+        self.enabled, self.total, self.label = enabled, total, label
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda n: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+        self.bar.start()
+        task = self.bar.add_task(self.label, total=self.total)
+        return lambda n: self.bar.advance(task, n)
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.bar.stop()
+        return False
