@@ -108,6 +108,34 @@ def gate_stats(model, alphas: dict[tuple[int, str], torch.Tensor]) -> tuple[pd.D
     return pd.DataFrame(heads), pd.DataFrame(phases)
 
 
+def alignment(heads: pd.DataFrame, phases: pd.DataFrame, ko: pd.DataFrame) -> list[dict]:
+    """Do static gate preferences line up with knockout losses? Per KV head: the phase its key gate (and its
+    shifted value gate) favours most, the phase its knockout hurts most, and the Pearson correlation across
+    phases of the gate score with the knockout loss (-rel_change)."""
+    out = []
+    t = ko[(ko["grouping"] == "phase") & (ko["kv_head"] >= 0)]
+    for h in heads[heads["branch"] == "key"].itertuples():
+        loss = -t[(t["layer"] == h.layer) & (t["kv_head"] == h.kv_head)].sort_values("group")["rel_change"].to_numpy()
+        if loss.size == 0:
+            continue
+        ok = np.isfinite(loss)
+        row = {"layer": int(h.layer), "kv_head": int(h.kv_head), "static": float(h.static),
+               "static_phase": float(h.static_phase),
+               "ko_worst_phase": int(np.nanargmax(loss)) if ok.any() else None,
+               "ko_max_loss": float(np.nanmax(loss)) if ok.any() else None}
+        for b in BRANCHES:
+            sc = phases[(phases["layer"] == h.layer) & (phases["kv_head"] == h.kv_head) & (phases["branch"] == b)]
+            if sc.empty:
+                continue
+            score = sc.sort_values("phase")["score_rel"].to_numpy()
+            varied = ok.sum() > 2 and score[ok].std() > 0 and loss[ok].std() > 0
+            r = np.corrcoef(score[ok], loss[ok])[0, 1] if varied else np.nan
+            row[f"{b}_peak_phase"] = int(np.argmax(score))
+            row[f"{b}_loss_corr"] = float(r)
+        out.append(row)
+    return out
+
+
 def read_gate_paths(run_dir: str | Path) -> pd.DataFrame | None:
     """Training paths from a run's `gates.jsonl` (rows: step, layer, kv_head, branch, static, per_window),
     or None when the run has none."""
@@ -177,6 +205,7 @@ def analyze_gates(em, cfg, out, n_prompts: int = 256, batch_size: int = 32, knoc
         "training_paths": None if paths is None else {"steps": sorted(set(paths["step"].tolist())),
                                                       "traced": [f"L{a}·KV{b}" for a, b in traced]},
         "knockout": str(knockout) if knockout is not None else None,
+        "alignment": alignment(heads, phases, ko) if ko is not None else None,
         "provenance": provenance(em, cfg, prompt_ids=f"{len(pids)} spread over {len(prompts)}"),
     }
     out = Path(out)

@@ -78,3 +78,19 @@ def test_gate_stats_overlapping_windows_report_effective_phases():
     assert value["static_phase"] == pytest.approx(1.0, abs=1e-3)
     assert value["stride"] == 4 and value["peak_phase"] == 3
     assert (heads["static_phase"] <= 4 + 1e-6).all() and (heads["static"] <= 8 + 1e-6).all()
+
+
+def test_alignment_of_gate_preferences_with_knockout_losses():
+    import pandas as pd
+
+    from phasekv.analysis.gates import alignment
+
+    heads = pd.DataFrame([{"layer": 0, "kv_head": 0, "branch": "key", "static": 2.0, "static_phase": 2.0}])
+    score = [0.5, 0.5, 4.0, 1.0]
+    phases = pd.DataFrame([{"layer": 0, "kv_head": 0, "branch": b, "phase": p, "score_rel": s}
+                           for b in ("key", "value") for p, s in enumerate(score)])
+    ko = pd.DataFrame([{"grouping": "phase", "layer": 0, "kv_head": 0, "group": p, "rel_change": r}
+                       for p, r in enumerate([0.0, 0.0, -0.9, -0.2])])
+    (row,) = alignment(heads, phases, ko)
+    assert row["key_peak_phase"] == row["ko_worst_phase"] == 2
+    assert row["key_loss_corr"] > 0.95 and row["ko_max_loss"] == pytest.approx(0.9)
