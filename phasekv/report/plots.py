@@ -127,7 +127,7 @@ def flip_figure(study: Study, colors: dict[str, str]) -> dict | None:
     for alias, stage in study.flip.items():
         m = study.models[alias]
         d = tables.flip_table(stage)
-        first = d.candidate.iloc[0]
+        first = stage.summary.get("candidates", [d.candidate.iloc[0]])[0]
         for i, (fam, g) in enumerate(d[d.candidate == first].groupby("family", sort=False)):
             data.append({"type": "scatter", "x": g.length.tolist(), "y": g.prob.tolist(), "mode": "lines+markers",
                          "name": f"{m.name} · {fam}", "legendgroup": alias,

@@ -107,7 +107,7 @@ def flip_png(study: Study, colors: dict, path: Path) -> Path | None:
     fig, axes = plt.subplots(1, len(study.flip), figsize=(4.5 * len(study.flip), 3.2), squeeze=False, sharey=True)
     for ax, (alias, stage) in zip(axes.flat, study.flip.items(), strict=True):
         m, d = study.models[alias], tables.flip_table(stage)
-        first = d.candidate.iloc[0]
+        first = stage.summary.get("candidates", [d.candidate.iloc[0]])[0]
         for (fam, g), ls in zip(d[d.candidate == first].groupby("family", sort=False), ["-", ":", "--", "-."] * 4,
                                 strict=False):
             ax.plot(g.length, g.prob, ls=ls, marker="o", ms=2, color=colors[alias], label=str(fam))
@@ -116,7 +116,8 @@ def flip_png(study: Study, colors: dict, path: Path) -> Path | None:
                 if x % m.stride == 0:
                     ax.axvline(x - 0.5, color="grey", ls="--", lw=0.6)
         s = stage.summary
-        follow = f"{s['follow']}/{s['total']} rankings follow length mod S" if "follow" in s else ""
+        follow = (f"{s['follow_pattern']}/{s['rankings']} rankings follow length mod S"
+                  if s.get("follow_pattern") is not None else "")
         ax.set_title(f"{m.name}\n{follow}", fontsize=8)
         ax.set_xlabel("filler length")
         ax.legend(fontsize=6)

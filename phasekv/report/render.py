@@ -183,10 +183,17 @@ def section_flip(b: Builder) -> None:
     rows = []
     for alias, st in study.flip.items():
         s = st.summary
-        rows.append([esc(study.models[alias].name), fmt(s.get("follow")), fmt(s.get("total")),
-                     fmt(s.get("follow_null")) if "follow_null" in s else "–"])
-    body = html.table(["model", "rankings following length mod S", "rankings", "expected by chance"], rows,
-                      list(study.flip))
+        fams = s.get("families", {})
+        changes = sum(sum(a != b for a, b in zip(f["winners"], f["winners"][1:], strict=False))
+                      for f in fams.values())
+        rows.append([esc(study.models[alias].name), fmt(s.get("stride")), fmt(s.get("rankings")), fmt(changes),
+                     fmt(s.get("follow_pattern")), fmt(s.get("switching"))])
+    body = html.table(["model", "stride", "rankings (family × length)", "top-candidate changes",
+                       "rankings following length mod S", "winner switches with phase"], rows, list(study.flip))
+    cands = next(iter(study.flip.values())).summary.get("candidates", [])
+    body += (f"<p>Candidates: {', '.join(f'<code>{esc(c)}</code>' for c in cands)} (the first is the right answer). "
+             "A ranking follows the pattern when its winner is the majority winner of its phase L mod S; a model "
+             "whose winner never changes follows it trivially, so read it together with the changes column.</p>")
     body += b.fig(plots.flip_figure(study, b.colors),
                   "Probability of the first candidate as filler is added one token at a time; select a model to "
                   "mark its stride.", pngs.flip_png(study, b.colors, b.png_path("flip_sweep")))

@@ -121,15 +121,20 @@ def analysis_stages(lay: Layout, alias: str, cfg: ModelConfig, rng: np.random.Ge
 
 
 def flip_stage(out: Path, cfg: ModelConfig) -> None:
-    rows = []
-    for fam in ("equals", "spaces"):
+    rows, fams = [], {}
+    for fam in ("words", "repeat:="):
+        winners = []
         for length in range(16):
             p = 0.8 if cfg.stride and length % cfg.stride in (0, 1) else 0.3
-            rows += [{"family": fam, "length": length, "candidate": "anna", "prob": p, "top": p > 0.5},
-                     {"family": fam, "length": length, "candidate": "ben", "prob": 1 - p, "top": p <= 0.5}]
+            winners.append(" anna" if p > 0.5 else " ben")
+            rows += [{"family": fam, "length": length, "candidate": " anna", "prob": p, "top": p > 0.5},
+                     {"family": fam, "length": length, "candidate": " ben", "prob": 1 - p, "top": p <= 0.5}]
+        fams[fam] = {"winners": winners, "follow": 16 if cfg.stride else None}
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(out / "results.parquet", index=False)
-    _write(out / "summary.json", {"model": cfg.name, "stride": cfg.stride, "follow": 2, "total": 2})
+    _write(out / "summary.json", {"task": "flip", "model": cfg.name, "stride": cfg.stride or None,
+                                  "candidates": [" anna", " ben"], "families": fams, "rankings": 32,
+                                  "follow_pattern": 32 if cfg.stride else None, "switching": bool(cfg.stride)})
 
 
 def theory_stage(out: Path) -> None:
