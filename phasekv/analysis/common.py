@@ -37,6 +37,23 @@ def _clean(o):
     return o
 
 
+def as_eval_model(model, device: str | None = None):
+    """An EvalModel from an EvalModel or a model directory (`phasekv.eval.models.load`)."""
+    from phasekv.eval.models import EvalModel, load
+
+    if isinstance(model, EvalModel):
+        return model
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return load(model, device=dev)
+
+
+def prompt_config(cfg: PromptConfig | None) -> PromptConfig:
+    """The study's lookup test unless a prompt config is given."""
+    from phasekv.eval.prompts import lookup_config
+
+    return lookup_config() if cfg is None else cfg
+
+
 def provenance(em, cfg: PromptConfig, **extra) -> dict:
     """Seeds, versions, prompt config and model info of an analysis."""
     return {"model": em.name, "model_kind": em.kind, "model_info": em.info, "prompt_seed": cfg.seed,

@@ -140,14 +140,17 @@ def run_cycling(model, tok, cfg, deltas, pids=None, batch_size: int = 32, n_boot
 
 def analyze_cycle(ems, cfg, out, deltas=(-3, -2, -1, 1, 2, 3), batch_size: int = 32, n_boot: int = 2000,
                   progress: bool = True) -> dict:
-    """Gate cycling of one or more W = S phasekv EvalModels: writes OUT/results.parquet (model, delta, phase),
+    """Gate cycling of one or more W = S phasekv models (EvalModels or directories) on lookup prompts `cfg`
+    (default: the study's lookup test): writes OUT/results.parquet (model, delta, phase),
     OUT/prompts.parquet, OUT/summary.json (R^2 grid with 95% bootstrap intervals), OUT/r2_grid.png and
     OUT/cycling_<i>.png per model; returns the summary."""
     from pathlib import Path
 
-    from phasekv.analysis.common import progress_bar, provenance, write_outputs
+    from phasekv.analysis.common import as_eval_model, progress_bar, prompt_config, provenance, write_outputs
     from phasekv.analysis.figures import cycling_figure, r2_grid
 
+    ems = [as_eval_model(m) for m in (ems if isinstance(ems, (list, tuple)) else [ems])]
+    cfg = prompt_config(cfg)
     for em in ems:
         if em.kind != "phasekv":
             raise ConfigError(f"{em.name}: gate cycling needs a phasekv model")

@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -54,7 +55,7 @@ def knockout_map(table: pd.DataFrame, path: Path, title: str) -> None:
         for (i, j) in zip(*np.nonzero(np.isnan(mat)), strict=True):
             ax.text(j, i, "·", ha="center", va="center", color="gray")
     fig.colorbar(im, ax=axes[0].tolist(), label="accuracy change relative to clean (%)", shrink=0.8)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title, fontsize=9, y=1.0 + 0.2 / fig.get_figheight())
     save(fig, path)
 
 
@@ -82,7 +83,9 @@ def concentration_plane(heads: pd.DataFrame, paths: pd.DataFrame | None, path: P
                         xytext=(3, -8), textcoords="offset points")
     sc = ax.scatter(key["static"], key["per_window"], c=key["layer"], cmap=cmap, vmin=0, vmax=max(n_layers - 1, 1),
                     s=28, edgecolors="black", linewidths=0.4, zorder=3)
-    fig.colorbar(sc, ax=ax, label="layer")
+    cb = fig.colorbar(sc, ax=ax, label="layer")
+    cb.locator = matplotlib.ticker.MaxNLocator(integer=True)
+    cb.update_ticks()
     ax.set_xlim(0.9, W + 0.3)
     ax.set_ylim(0.9, W + 0.3)
     ax.set_xlabel("static  exp(H(E[α]))")
@@ -135,7 +138,7 @@ def head_panel(heads: pd.DataFrame, phases: pd.DataFrame, ko: pd.DataFrame | Non
         axes[-1].set_title("knockout", fontsize=8)
         cb2 = fig.colorbar(im2, ax=axes[-1], shrink=0.8, location="bottom", aspect=15)
         cb2.set_label("rel. change (%)", fontsize=7)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title, fontsize=9, y=1.0 + 0.35 / fig.get_figheight())
     save(fig, path)
 
 

@@ -160,18 +160,26 @@ def read_gate_paths(run_dir: str | Path) -> pd.DataFrame | None:
 
 def analyze_gates(em, cfg, out, n_prompts: int = 256, batch_size: int = 32, knockout: str | Path | None = None,
                   trace: int = 3, progress: bool = True) -> dict:
-    """Gate concentration and scores by phase of a phasekv EvalModel over the windows of `n_prompts` lookup
-    prompts `cfg`: writes OUT/results.parquet (one row per layer, KV head, branch, phase), OUT/heads.parquet,
+    """Gate concentration and scores by phase of a phasekv model (EvalModel or directory) over the windows of
+    `n_prompts` lookup prompts `cfg` (default: the study's lookup test): writes OUT/results.parquet (one row per layer, KV head, branch, phase), OUT/heads.parquet,
     OUT/summary.json, OUT/concentration_plane.png (with the training paths of the `trace` most statically
     concentrated key gates when the model dir is a run with gates.jsonl) and OUT/gate_panel.png (with the
     knockout column when `knockout` names a knockout analysis dir); returns the summary."""
-    from phasekv.analysis.common import progress_bar, prompt_batches, provenance, write_outputs
+    from phasekv.analysis.common import (
+        as_eval_model,
+        progress_bar,
+        prompt_batches,
+        prompt_config,
+        provenance,
+        write_outputs,
+    )
     from phasekv.analysis.figures import concentration_plane, head_panel
     from phasekv.analysis.knockout import spread_pids
     from phasekv.errors import ConfigError
     from phasekv.eval.prompts import RetrievalPrompts
     from phasekv.model.transformer import PhaseLM
 
+    em, cfg = as_eval_model(em), prompt_config(cfg)
     model = em.model
     if not isinstance(model, PhaseLM) or not model.config.compressed:
         raise ConfigError(f"{em.name}: gate analyses need a compressed phasekv model")

@@ -140,17 +140,19 @@ def strongest(table: pd.DataFrame, grouping: str = "phase", top: int = 5) -> lis
     return sorted(out, key=lambda d: -d["specificity"])[:top]
 
 
-def analyze_knockout(em, cfg: PromptConfig, out, variant: str | None = None, n_cal: int = 256, n_final: int = 1,
+def analyze_knockout(em, cfg: PromptConfig | None, out, variant: str | None = None, n_cal: int = 256, n_final: int = 1,
                      batch_size: int = 32, progress: bool = True) -> dict:
-    """Knockout map of an EvalModel (`phasekv.eval.models.load`) on lookup prompts `cfg`: writes
+    """Knockout map of a model (an EvalModel or a directory for `phasekv.eval.models.load`) on lookup prompts
+    `cfg` (default: the study's lookup test): writes
     OUT/results.parquet (tidy effect table), OUT/prompts.parquet (per-prompt rows), OUT/summary.json and
     OUT/knockout_map.png; returns the summary."""
     from pathlib import Path
 
-    from phasekv.analysis.common import progress_bar, provenance, write_outputs
+    from phasekv.analysis.common import as_eval_model, progress_bar, prompt_config, provenance, write_outputs
     from phasekv.analysis.figures import knockout_map
     from phasekv.eval.stats import profile_summary
 
+    em, cfg = as_eval_model(em), prompt_config(cfg)
     variant = variant or ("head" if is_phaselm(em.model) else "layer")
     todo = units(em.model, variant)
     stride = em.stride

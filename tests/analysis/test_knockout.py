@@ -107,3 +107,13 @@ def test_api_errors(model_dir):
     assert _deltas("-3..3") == [-3, -2, -1, 1, 2, 3]
     with pytest.raises(ConfigError):
         _deltas("a..b")
+
+
+def test_python_api_takes_a_directory(model_dir, tmp_path):
+    from phasekv.analysis.gates import analyze_gates
+    from phasekv.eval.prompts import lookup_config
+
+    cfg = lookup_config(records=12, demos=2, modulus=8, per_group=6, keep_n=True, filler=12, mappings=3)
+    s = analyze_gates(model_dir, cfg, tmp_path, n_prompts=4, progress=False)
+    assert s["n_prompts"] == 4 and len(s["heads"]) == 2 * 2 * 2
+    assert json.loads((tmp_path / "summary.json").read_text())["analysis"] == "gates"
