@@ -97,4 +97,5 @@ def register(app: typer.Typer) -> None:
 
 def _compression_defaults() -> dict:
     fields = ModelConfig.__dataclass_fields__
-    return {f: fields[f].default for f in ("gate", "tied_kv", "gate_bias", "local_window", "post_norm", "stagger")}
+    return {f: fields[f].default for f in ("gate", "tied_kv", "gate_bias", "local_window", "post_norm", "stagger",
+                                               "coverage_reg")}

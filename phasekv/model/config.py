@@ -53,6 +53,7 @@ class ModelConfig:
     local_window: int | None = 16  # exact recent tokens; None: uncompressed tail (current incomplete window only)
     post_norm: bool = False  # RMSNorm on each compressed entry after the payload projection
     stagger: bool = False  # staggered windows: each layer starts its window grid at a different phase
+    coverage_reg: float = 0.0  # coverage regulariser weight (training only, like the seed; phasekv.mitigate)
     seed: int = 42  # part of the model's name (the study's seeds 42-45)
 
     def __post_init__(self) -> None:
@@ -151,7 +152,7 @@ class ModelConfig:
             if self.stride:
                 bad("stride", "must be 0 for full attention (window=0)")
             defaults = ModelConfig.__dataclass_fields__
-            for f in ("gate", "tied_kv", "gate_bias", "local_window", "post_norm", "stagger"):
+            for f in ("gate", "tied_kv", "gate_bias", "local_window", "post_norm", "stagger", "coverage_reg"):
                 if getattr(self, f) != defaults[f].default:
                     bad(f, "is a compression attribute; full attention (window=0) has none")
             return
@@ -163,3 +164,7 @@ class ModelConfig:
             bad("gate_bias", "uniform averaging has no gate parameters, so 'no gate bias' does not apply")
         if self.local_window is not None and (not isinstance(self.local_window, int) or self.local_window < 1):
             bad("local_window", "must be >= 1 (or None for the uncompressed tail)")
+        if not (isinstance(self.coverage_reg, int | float) and 0 <= self.coverage_reg < float("inf")):
+            bad("coverage_reg", "must be a finite number >= 0")
+        if self.coverage_reg and self.gate == "uniform":
+            bad("coverage_reg", "uniform averaging has no gate preferences to spread")

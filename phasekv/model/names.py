@@ -35,9 +35,11 @@ NUMBERED: list[tuple[str, str, str, str, str]] = [
     ("RoPE on {} dims", r"rope on (\d+) dims", "rope{}", r"rope(\d+)", "rope_dims"),
     ("local window {}", r"local window (\d+)", "local{}", r"local(\d+)", "local_window"),
     ("seed {}", r"seed (\d+)", "seed{}", r"seed(\d+)", "seed"),
+    ("coverage reg {}", r"coverage reg (\d+(?:\.\d+)?)", "cov{}", r"cov(\d+(?:\.\d+)?)", "coverage_reg"),
 ]
 DEFAULTS = {"gate": "scalar", "tied_kv": False, "post_norm": False, "gate_bias": True, "qk_norm": True,
-            "rope_dims": None, "local_window": 16, "stagger": False, "seed": 42}
+            "rope_dims": None, "local_window": 16, "stagger": False, "seed": 42,
+            "coverage_reg": 0.0}
 
 
 def _known() -> str:
@@ -102,7 +104,7 @@ def _parse_attribute(name: str, key: str, part: str, ascii_: bool) -> dict:
     for _pf, paper_re, _af, ascii_re, field in NUMBERED:
         m = re.fullmatch(ascii_re if ascii_ else paper_re, key)
         if m:
-            return {field: int(m.group(1))}
+            return {field: float(m.group(1)) if "." in m.group(1) else int(m.group(1))}
     raise _err(name, part)
 
 
@@ -121,8 +123,15 @@ def _attributes(cfg: ModelConfig, ascii_: bool) -> list[str]:
         value = getattr(cfg, field)
         skip = value in (None, DEFAULTS[field]) or (field == "rope_dims" and (value == 0 or deepseek))
         if not skip:
-            out.append((ascii_fmt if ascii_ else paper_fmt).format(value))
+            out.append((ascii_fmt if ascii_ else paper_fmt).format(_number(value)))
     return out
+
+
+def _number(v) -> str:
+    """Integers as they are; other numbers in fixed point without trailing zeros (no exponent, no '-')."""
+    from decimal import Decimal
+
+    return str(int(v)) if float(v).is_integer() else format(Decimal(repr(float(v))), "f")
 
 
 def _is_deepseek(cfg: ModelConfig) -> bool:

@@ -24,6 +24,7 @@ from phasekv.data.sources import DataConfig, build_stream, data_tokenizer
 from phasekv.data.stream import IGNORE, batch
 from phasekv.data.tokenizer import describe, load_tokenizer, save_tokenizer
 from phasekv.errors import CheckpointError, ConfigError, PhaseKVError
+from phasekv.mitigate.regulariser import CoverageProbe
 from phasekv.model.config import ModelConfig
 from phasekv.model.transformer import PhaseLM
 from phasekv.train import checkpoint as ck
@@ -349,6 +350,7 @@ def _train(cfg: TrainConfig, resuming: bool, dist: Dist) -> dict:
 
     model.to(device)
     wrapped = wrap(model, cfg, dist, device)
+    coverage = CoverageProbe(model) if mcfg.coverage_reg else None  # `· coverage reg LAMBDA` (phasekv.mitigate)
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                             fused=device.type == "cuda")
     step = 0
@@ -399,12 +401,17 @@ def _train(cfg: TrainConfig, resuming: bool, dist: Dist) -> dict:
                              for a in range(cfg.grad_accum)]
             n_tgt = dist.all_sum(torch.tensor(float(sum(int((b["labels"] != IGNORE).sum()) for b in micro_batches))))
             step_loss = torch.zeros((), device=device)
+            step_reg = 0.0
             for a, b in enumerate(micro_batches):
                 sync = a == cfg.grad_accum - 1
                 ctx = wrapped.no_sync() if (dist.world > 1 and not cfg.fsdp and not sync and hasattr(wrapped, "no_sync")) else _null()
                 with ctx:
                     ls = loss_sum(wrapped, b["input_ids"].to(device), b["labels"].to(device), autocast)
-                    (ls * dist.world / n_tgt.clamp(min=1).to(device)).backward()
+                    loss = ls * dist.world / n_tgt.clamp(min=1).to(device)
+                    if coverage is not None:
+                        reg = coverage.pop() / cfg.grad_accum
+                        loss, step_reg = loss + mcfg.coverage_reg * reg.to(device), step_reg + float(reg.detach())
+                    loss.backward()
                 step_loss += ls.detach() / n_tgt.clamp(min=1).to(device)
             loss_val = float(dist.all_sum(step_loss))
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip else float("inf"))
@@ -425,6 +432,7 @@ def _train(cfg: TrainConfig, resuming: bool, dist: Dist) -> dict:
                 tps = tokens_per_step * (step - s_last) / max(now - t_last, 1e-9)
                 t_last, s_last = now, step
                 logs.metrics({"step": step, "loss": loss_val, "lr": lr, "grad_norm": gnorm,
+                              **({"coverage_penalty": step_reg} if coverage is not None else {}),
                               "tokens": step * tokens_per_step, "tokens_per_s": tps, "elapsed_s": now - t_start})
                 bar.update(task, info=f"loss {loss_val:.3f}  {tps:,.0f} tok/s")
             if step in gate_steps:
