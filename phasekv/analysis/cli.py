@@ -83,7 +83,8 @@ def gates_cmd(
     n_prompts: int = typer.Option(256, help="Lookup prompts whose complete windows are scored."),
     knockout: Path = typer.Option(None, help="A `phasekv analyze knockout` output dir: adds the knockout column "
                                              "to the per-head panel."),
-    trace: int = typer.Option(3, help="Training paths drawn: the N most statically concentrated key gates."),
+    trace: int = typer.Option(0, help="Training paths drawn: every key gate's (0) or the N most statically "
+                                      "concentrated ones."),
     records: int = RECORDS, demos: int = DEMOS, padding: str = PADDING, filler: int = FILLER, modulus: int = MODULUS,
     per_group: int = PER_GROUP, keep_n: bool = KEEP_N, mappings: int = MAPPINGS, seed: int = SEED,
     batch_size: int = BATCH, device: str = DEVICE, progress: bool = PROGRESS,

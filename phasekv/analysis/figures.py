@@ -61,8 +61,9 @@ def knockout_map(table: pd.DataFrame, path: Path, title: str) -> None:
 
 def concentration_plane(heads: pd.DataFrame, paths: pd.DataFrame | None, path: Path, title: str,
                         trace: list[tuple[int, int]] | None = None) -> None:
-    """Key gates placed by static (x) and per-window (y) effective offsets; training paths of `trace` heads
-    from the first snapshot (open circle) to the last (filled)."""
+    """Key gates placed by static (x) and per-window (y) effective offsets (large points, black edge);
+    training paths of `trace` heads (None: all) from the first snapshot (open circle) to the last (small
+    filled circle)."""
     key = heads[heads["branch"] == "key"]
     W = int(key["window"].iloc[0])
     n_layers = int(max(key["layer"].max(), paths["layer"].max() if paths is not None else 0)) + 1
@@ -79,6 +80,7 @@ def concentration_plane(heads: pd.DataFrame, paths: pd.DataFrame | None, path: P
             c = cmap(layer / max(n_layers - 1, 1))
             ax.plot(g["static"], g["per_window"], "-", color=c, lw=1, alpha=0.8)
             ax.plot(g["static"].iloc[0], g["per_window"].iloc[0], "o", mfc="white", mec=c, ms=6)
+            ax.plot(g["static"].iloc[-1], g["per_window"].iloc[-1], "o", color=c, ms=4)
             ax.annotate(f"L{layer}·KV{kv}", (g["static"].iloc[-1], g["per_window"].iloc[-1]), fontsize=6,
                         xytext=(3, -8), textcoords="offset points")
     sc = ax.scatter(key["static"], key["per_window"], c=key["layer"], cmap=cmap, vmin=0, vmax=max(n_layers - 1, 1),

@@ -159,11 +159,11 @@ def read_gate_paths(run_dir: str | Path) -> pd.DataFrame | None:
 
 
 def analyze_gates(em, cfg, out, n_prompts: int = 256, batch_size: int = 32, knockout: str | Path | None = None,
-                  trace: int = 3, progress: bool = True) -> dict:
+                  trace: int = 0, progress: bool = True) -> dict:
     """Gate concentration and scores by phase of a phasekv model (EvalModel or directory) over the windows of
     `n_prompts` lookup prompts `cfg` (default: the study's lookup test): writes OUT/results.parquet (one row per layer, KV head, branch, phase), OUT/heads.parquet,
-    OUT/summary.json, OUT/concentration_plane.png (with the training paths of the `trace` most statically
-    concentrated key gates when the model dir is a run with gates.jsonl) and OUT/gate_panel.png (with the
+    OUT/summary.json, OUT/concentration_plane.png (with the training paths of every key gate, or of the `trace` most
+    statically concentrated ones, when the model dir is a run with gates.jsonl) and OUT/gate_panel.png (with the
     knockout column when `knockout` names a knockout analysis dir); returns the summary."""
     from phasekv.analysis.common import (
         as_eval_model,
@@ -193,7 +193,7 @@ def analyze_gates(em, cfg, out, n_prompts: int = 256, batch_size: int = 32, knoc
     results = phases.merge(heads.drop(columns=["offset_scores"]), on=["layer", "kv_head", "branch"])
     paths = read_gate_paths(em.info.get("path", "")) if em.kind == "phasekv" else None
     key = heads[heads["branch"] == "key"].sort_values("static")
-    traced = [tuple(map(int, x)) for x in key[["layer", "kv_head"]].to_numpy()[:trace]]
+    traced = [tuple(map(int, x)) for x in key[["layer", "kv_head"]].to_numpy()[: trace or None]]
     ko = None
     if knockout is not None:
         kpath = Path(knockout) / "results.parquet"
@@ -210,8 +210,9 @@ def analyze_gates(em, cfg, out, n_prompts: int = 256, batch_size: int = 32, knoc
                        f"[1, {cfgm.stride}]",
         "value_shift": "value gate scores are shifted back one offset (offset i counts for phase of i - 1)",
         "heads": heads.to_dict(orient="records"),
-        "training_paths": None if paths is None else {"steps": sorted(set(paths["step"].tolist())),
-                                                      "traced": [f"L{a}·KV{b}" for a, b in traced]},
+        "training_paths": None if paths is None else {
+            "steps": sorted(set(paths["step"].tolist())), "traced": [f"L{a}·KV{b}" for a, b in traced],
+            "source": "the run's gates.jsonl (its probe batch); plane points: these lookup prompts"},
         "knockout": str(knockout) if knockout is not None else None,
         "alignment": alignment(heads, phases, ko) if ko is not None else None,
         "provenance": provenance(em, cfg, prompt_ids=f"{len(pids)} spread over {len(prompts)}"),
