@@ -68,6 +68,8 @@ def lookup(
     tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
     fresh: bool = typer.Option(False, "--fresh", help="Ignore partial results of an interrupted run."),
+    ensemble: int = typer.Option(1, "--ensemble", help="Phase ensembling: average the answer log-probabilities "
+                                 "over K shifts spread over 0..S-1 (K forward passes per prompt; 1 = plain)."),
 ) -> None:
     """Animal-to-name lookup: R records, D demonstrations, the target key; top-1 accuracy per residue."""
     from phasekv.eval.prompts import lookup_config
@@ -77,6 +79,10 @@ def lookup(
                         per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed)
     em = _load(model, device, trust_remote_code, tokenizer)
     _check_stride(stride, modulus)
+    if ensemble != 1:
+        from phasekv.mitigate.ensemble import phase_ensemble
+
+        em = phase_ensemble(em, ensemble, stride)
     _finish(run_retrieval("lookup", em, cfg, out, batch_size=batch_size, interval=interval, stride=stride,
                           resume=not fresh), out)
 

@@ -103,7 +103,8 @@ def run_retrieval(task: str, em: EvalModel, cfg: PromptConfig, out: str | Path, 
     t0 = time.time()
     prompts = RetrievalPrompts(cfg, em.tok)
     stride = stride if stride is not None else em.stride
-    fingerprint = {"task": task, "model": em.info.get("weights", em.info.get("path")), "prompts": prompts.metadata()}
+    fingerprint = {"task": task, "model": em.info.get("weights", em.info.get("path")), "prompts": prompts.metadata(),
+                   **({"ensemble": em.info["ensemble"]} if "ensemble" in em.info else {})}
     part = out / PARTIAL
     done = _load_partial(part, fingerprint) if resume else pd.DataFrame(columns=COLUMNS)
     if rank == 0:
