@@ -98,6 +98,7 @@ def needle(
     keep_n: bool = typer.Option(False, "--keep-n", help="Keep a non-multiple N (sampled design, spread reported)."),
     modulus: int = typer.Option(8, help="Residue groups M: target key position mod M."),
     demos: int = typer.Option(2, help="Demonstration records before the query."),
+    separator: str = typer.Option("auto", help="Token ending each record ('auto': first single token of ; , . | and)."),
     mappings: int = typer.Option(16, help="Key-value mappings (bootstrap unit)."),
     seed: int = typer.Option(0, help="Seed of mappings, positions and filler."),
     stride: int = typer.Option(None, help="Stride S for the period tests (default: the model's)."),
@@ -113,7 +114,7 @@ def needle(
     from phasekv.eval.run import run_retrieval
 
     cfg = needle_config(context=context, records=records, padding=padding, per_group=per_group, keep_n=keep_n,
-                        modulus=modulus, demos=demos, mappings=mappings, seed=seed)
+                        modulus=modulus, demos=demos, mappings=mappings, seed=seed, separator=separator)
     em = _load(model, device, trust_remote_code, tokenizer)
     _check_stride(stride, modulus)
     _finish(run_retrieval("needle", em, cfg, out, batch_size=batch_size, interval=interval, stride=stride,

@@ -25,6 +25,7 @@ from phasekv.eval.design import PositionDesign, make_design
 from phasekv.eval.tokens import WordTokenizer, word_list
 
 PADDINGS = ("prefix", "in-sequence")
+SEPARATORS = (";", ",", ".", "|", "and")
 
 
 @dataclass
@@ -32,7 +33,8 @@ class PromptConfig:
     records: int = 64  # R: key-value records before the demonstrations
     demos: int = 8  # D: demonstrations (repeated records) before the target key
     key_tokens: int = 1  # tokens per key: 1 (lookup: an animal) or 2 (needle: two animals)
-    separator: str | None = None  # token after each record's value (needle: ';'), None = records adjacent
+    separator: str | None = None  # token after each record's value; "auto": the first single-token of
+    # SEPARATORS (needle), None: records adjacent (lookup)
     padding: str = "prefix"  # "prefix" | "in-sequence"
     filler: int = 48  # G: filler tokens per prompt (fixed, so the query position is fixed)
     modulus: int = 24  # M: residue groups, target position mod M
@@ -92,7 +94,9 @@ class RetrievalPrompts:
         if cfg.key_tokens == 2 and len(self.keys) ** 2 < cfg.records:
             raise ConfigError(f"{cfg.records} records need distinct two-word keys; only {len(self.keys)} keys")
         self.sep = None
-        if cfg.separator is not None:
+        if cfg.separator == "auto":
+            self.sep = tok.single_tokens(SEPARATORS, "separator", 1)[0][0]
+        elif cfg.separator is not None:
             self.sep = tok.single_tokens([cfg.separator], "separator", 1)[0][0]
         self.b = len(tok.prefix)  # special tokens before the first word
         L, R = cfg.record_len, cfg.records
@@ -206,6 +210,7 @@ class RetrievalPrompts:
             "design_notice": self.design.notice,
             "design_moments": self.design.moments(),
             "word_pools": {"keys": len(self.keys), "values": len(self.values), "filler": len(self.filler)},
+            "separator": self.sep,
             "tokenizer": self.tok.name,
         }
 
@@ -227,7 +232,7 @@ def needle_config(context: int = 131072, records: int = 16000, **kw) -> PromptCo
     """The needle test: four-token records (two-animal key, name, separator), M = 8, N = 256; `context`
     tokens (special tokens not counted), the part not taken by records is filler spread between them;
     the target sits near the middle."""
-    kw = {"modulus": 8, "per_group": 256, "padding": "in-sequence", "demos": 2, "separator": ";",
+    kw = {"modulus": 8, "per_group": 256, "padding": "in-sequence", "demos": 2, "separator": "auto",
           "balance": 0.02, **kw}
     record_len = 2 + 1 + (kw["separator"] is not None)
     filler = context - (records + kw["demos"]) * record_len - 2
