@@ -54,6 +54,7 @@ def knockout_cmd(
                                            "decoder). Default: head for phasekv, layer for Hugging Face."),
     n_cal: int = typer.Option(256, help="Calibration prompts whose mean activation replaces the knocked-out one."),
     final_tokens: int = typer.Option(1, help="Knock out at this many final tokens (the query token(s))."),
+    layers: str = typer.Option(None, help="Only these layers, e.g. '0,5,9' (default: every layer)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a Hugging Face model's code."),
     records: int = RECORDS, demos: int = DEMOS, padding: str = PADDING, filler: int = FILLER, modulus: int = MODULUS,
     per_group: int = PER_GROUP, keep_n: bool = KEEP_N, mappings: int = MAPPINGS, seed: int = SEED,
@@ -68,7 +69,11 @@ def knockout_cmd(
         raise ConfigError("--n-cal and --final-tokens must be >= 1")
     em = _load(model, device, trust_remote_code)
     cfg = _prompts(records, demos, padding, filler, modulus, per_group, keep_n, mappings, seed)
-    s = analyze_knockout(em, cfg, out, variant, n_cal, final_tokens, batch_size, progress)
+    try:
+        only = None if layers is None else [int(x) for x in layers.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--layers {layers!r}: use comma-separated layer indices like 0,5,9") from None
+    s = analyze_knockout(em, cfg, out, variant, n_cal, final_tokens, batch_size, progress, only)
     console.print(f"[bold]{s['model']}[/]: clean mean {s['clean']['mean']:.1f}%, worst {s['clean']['worst']:.1f}%, "
                   f"gap {s['clean']['gap']:.1f} pts; {s['variant']} knockouts -> {out}")
     for h in s["strongest"][:5]:

@@ -141,11 +141,11 @@ def strongest(table: pd.DataFrame, grouping: str = "phase", top: int = 5) -> lis
 
 
 def analyze_knockout(em, cfg: PromptConfig | None, out, variant: str | None = None, n_cal: int = 256, n_final: int = 1,
-                     batch_size: int = 32, progress: bool = True) -> dict:
+                     batch_size: int = 32, progress: bool = True, layers: list[int] | None = None) -> dict:
     """Knockout map of a model (an EvalModel or a directory for `phasekv.eval.models.load`) on lookup prompts
     `cfg` (default: the study's lookup test): writes
     OUT/results.parquet (tidy effect table), OUT/prompts.parquet (per-prompt rows), OUT/summary.json and
-    OUT/knockout_map.png; returns the summary."""
+    OUT/knockout_map.png; returns the summary. `layers` restricts the knockouts to those layers."""
     from pathlib import Path
 
     from phasekv.analysis.common import as_eval_model, progress_bar, prompt_config, provenance, write_outputs
@@ -155,10 +155,15 @@ def analyze_knockout(em, cfg: PromptConfig | None, out, variant: str | None = No
     em, cfg = as_eval_model(em), prompt_config(cfg)
     variant = variant or ("head" if is_phaselm(em.model) else "layer")
     todo = units(em.model, variant)
+    if layers is not None:
+        bad = sorted(set(layers) - {layer for layer, _ in todo})
+        if bad:
+            raise ConfigError(f"layers {bad} do not exist (the model has {todo[-1][0] + 1} layers)")
+        todo = [u for u in todo if u[0] in set(layers)]
     stride = em.stride
     with progress_bar(progress, len(todo) + 1, f"knockouts · {em.name}") as advance:
         rows, means_ = run_knockouts(em.model, em.tok, cfg, variant, n_cal, n_final, batch_size=batch_size,
-                                     advance=advance)
+                                     only=todo, advance=advance)
     table = effect_table(rows, cfg.modulus, stride)
     clean = table[(table["unit"] == "clean") & (table["grouping"] == "residue")]["acc"].to_numpy()
     summary = {

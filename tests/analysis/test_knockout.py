@@ -117,3 +117,10 @@ def test_python_api_takes_a_directory(model_dir, tmp_path):
     s = analyze_gates(model_dir, cfg, tmp_path, n_prompts=4, progress=False)
     assert s["n_prompts"] == 4 and len(s["heads"]) == 2 * 2 * 2
     assert json.loads((tmp_path / "summary.json").read_text())["analysis"] == "gates"
+
+
+def test_cli_whole_layer_variant_on_chosen_layers(model_dir, tmp_path):
+    _invoke(["knockout", "--model", str(model_dir), "--out", str(tmp_path), "--n-cal", "8", "--variant", "layer",
+             "--layers", "1"])
+    t = pd.read_parquet(tmp_path / "results.parquet")
+    assert set(t["unit"]) == {"clean", "L1"} and (t.loc[t["unit"] == "L1", "kv_head"] == -1).all()
