@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from phasekv.errors import CheckpointError
 from phasekv.model.config import ModelConfig
+from phasekv.model.manifest import MANIFEST_FILE, verify_manifest
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 
@@ -39,6 +40,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def save_model(model, directory) -> None:
     directory = Path(directory)
+    (directory / MANIFEST_FILE).unlink(missing_ok=True)  # a checkpoint's checksums no longer hold
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     atomic_write(directory / WEIGHTS_FILE, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     atomic_write_text(directory / CONFIG_FILE, model.config.to_json())
@@ -85,6 +87,7 @@ def load_model(directory, map_location="cpu"):
     from phasekv.model.transformer import PhaseLM
 
     directory = Path(directory)
+    verify_manifest(directory)  # checkpoints carry sha256 checksums; other directories have none
     config = read_config(directory)
     model = PhaseLM(config)
     load_state(model, read_weights(directory / WEIGHTS_FILE, map_location), str(directory / WEIGHTS_FILE))

@@ -12,21 +12,26 @@ A run directory:
 
 A checkpoint is written into `checkpoints/.tmp-step_N/` and renamed to `step_N` only when complete, so a
 crash mid-write leaves the previous checkpoint untouched and the temp directory is ignored (and removed
-by the next save). The newest complete `step_*` directory is the run's latest checkpoint.
+by the next save). Each checkpoint's `manifest.json` holds the sha256 of its files; the run's latest
+checkpoint is the newest complete `step_*` directory whose files match it (a corrupt one is skipped
+with a warning naming the bad file).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
 
 from phasekv.errors import CheckpointError
 from phasekv.model.io import CONFIG_FILE, WEIGHTS_FILE, atomic_write_text
+from phasekv.model.manifest import verify_manifest, write_manifest
 
 CKPT_DIR = "checkpoints"
 STATE_FILE, OPTIM_FILE = "trainer_state.json", "optimizer.pt"
@@ -46,9 +51,23 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     return sorted(out, key=lambda p: int(_STEP.match(p.name).group(1)))
 
 
-def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+def latest_checkpoint(run_dir: str | os.PathLike, verify: bool = True) -> Path | None:
+    """Newest complete checkpoint; with `verify`, the newest whose files match its manifest (falls back past
+    corrupt ones with a warning; CheckpointError when checkpoints exist but none is intact)."""
     ckpts = list_checkpoints(run_dir)
-    return ckpts[-1] if ckpts else None
+    if not verify:
+        return ckpts[-1] if ckpts else None
+    bad = []
+    for ckpt in reversed(ckpts):
+        try:
+            verify_manifest(ckpt)
+            return ckpt
+        except CheckpointError as exc:
+            bad.append(str(exc))
+            warnings.warn(f"{exc}; skipping checkpoint {ckpt.name}, falling back to the previous one", stacklevel=2)
+    if bad:
+        raise CheckpointError(f"{Path(run_dir)}: no intact checkpoint ({'; '.join(bad)})")
+    return None
 
 
 def save_checkpoint(run_dir: Path, step: int, model_state: dict, model_config_json: str, optim_state: dict,
@@ -64,13 +83,22 @@ def save_checkpoint(run_dir: Path, step: int, model_state: dict, model_config_js
     tmp = root / f".tmp-{final.name}"
     tmp.mkdir()
     state = {k: v.detach().contiguous().cpu() for k, v in model_state.items()}
-    save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-    (tmp / CONFIG_FILE).write_text(model_config_json)
-    torch.save(optim_state, tmp / OPTIM_FILE)
-    (tmp / STATE_FILE).write_text(json.dumps(trainer_state))  # last: marks the checkpoint complete
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    try:
+        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(model_config_json)
+        torch.save(optim_state, tmp / OPTIM_FILE)
+        (tmp / STATE_FILE).write_text(json.dumps(trainer_state))  # marks the checkpoint complete
+        write_manifest(tmp, [WEIGHTS_FILE, CONFIG_FILE, OPTIM_FILE, STATE_FILE])  # sha256 of what is on disk
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # free the space; the previous checkpoint is untouched
+        prev = latest_checkpoint(run_dir, verify=False)
+        raise OSError(errno.ENOSPC, f"no space left on device while writing checkpoint {final.name}; "
+                      f"the previous checkpoint ({prev.name if prev else 'none'}) is intact", str(root)) from exc
     if final.exists():  # re-saving the same step (e.g. after resume): replace it
         shutil.rmtree(final)
     os.replace(tmp, final)

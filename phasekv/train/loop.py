@@ -116,7 +116,10 @@ def resolve_config(config: TrainConfig | None, resume: bool, overrides: dict) ->
         return cfg, False
     if not resume:
         raise ConfigError(f"{out} already holds a training run; pass --resume to continue it or choose another --out")
-    saved = TrainConfig.from_dict(json.loads(saved_path.read_text())["train"])
+    try:
+        saved = TrainConfig.from_dict(json.loads(saved_path.read_text())["train"])
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{saved_path}: unreadable run config ({type(exc).__name__}: {exc})") from None
     new = cfg.to_dict()
     for k, v in saved.to_dict().items():
         if k not in RUNTIME_FIELDS and new[k] != v and (k in overrides or (k == "data" and
@@ -227,7 +230,7 @@ class Logs:
         for name in ("metrics.jsonl", "gates.jsonl"):  # drop rows logged after the checkpoint we resume from
             p = out / name
             if p.is_file():
-                rows = [r for r in p.read_text().splitlines() if r.strip() and json.loads(r).get("step", 0) <= start_step]
+                rows = [r for r in p.read_text().splitlines() if _row_step(r) <= start_step]
                 ck.atomic_write_text(p, "".join(r + "\n" for r in rows))
         if cfg.logger == "tensorboard":
             try:
@@ -270,6 +273,14 @@ class Logs:
             self.wandb.finish()
 
 
+def _row_step(line: str) -> float:
+    """Step of a logged row; a blank or torn row (the process was killed mid-append) sorts after every step."""
+    try:
+        return json.loads(line).get("step", 0)
+    except (json.JSONDecodeError, AttributeError):
+        return math.inf
+
+
 def _progress(enabled: bool):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -278,13 +289,11 @@ def _progress(enabled: bool):
 
 
 def _versions() -> dict:
-    import numpy
     import tokenizers
 
-    import phasekv
+    from phasekv.eval.run import versions  # the one provenance record (phasekv, torch, git revision, ...)
 
-    return {"phasekv": phasekv.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
-            "tokenizers": tokenizers.__version__, "python": platform.python_version()}
+    return {**versions(), "tokenizers": tokenizers.__version__, "python": platform.python_version()}
 
 
 # ---- the loop -------------------------------------------------------------------------------------
@@ -446,7 +455,8 @@ def _train(cfg: TrainConfig, resuming: bool, dist: Dist) -> dict:
             bar.update(task, completed=step)
     elapsed = time.time() - t_start
     summary = {"name": mcfg.name, "steps": n_steps, "final_loss": loss_val, "tokens": n_steps * tokens_per_step,
-               "elapsed_s": elapsed, "n_params": model.n_params, "out": str(out), **summary}
+               "elapsed_s": elapsed, "n_params": model.n_params, "out": str(out), "seed": seed,
+               "versions": _versions(), **summary}
     if dist.main:
         ck.write_json(out / "done.json", summary)
     logs.close()

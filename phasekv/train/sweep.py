@@ -65,7 +65,7 @@ class SweepRun:
             except (OSError, json.JSONDecodeError):
                 pass
             return "partial"
-        if latest_checkpoint(self.out) is not None:
+        if latest_checkpoint(self.out, verify=False) is not None:
             return "partial"
         return "pending"
 
@@ -74,13 +74,16 @@ def load_sweep(path: str | Path) -> list[SweepRun]:
     """Expand a sweep file into runs (one per arch and seed), validating every option."""
     path = Path(path)
     try:
-        spec = tomllib.loads(path.read_text())
+        spec = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"sweep file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: invalid TOML ({exc})") from None
+    unknown = sorted(set(spec) - {"defaults", "run"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown table(s) {', '.join(unknown)} (expected [defaults] and [[run]])")
     defaults = dict(spec.get("defaults", {}))
-    out_root = Path(defaults.pop("out_root", f"runs/{path.stem}"))
+    out_root = _inside(path, "out_root", defaults.pop("out_root", f"runs/{path.stem}"))
     runs_spec = spec.get("run", [])
     if not runs_spec:
         raise ConfigError(f"{path}: no [[run]] entries")
@@ -89,24 +92,37 @@ def load_sweep(path: str | Path) -> list[SweepRun]:
         r = {**defaults, **r}
         if "arch" not in r:
             raise ConfigError(f"{path}: run {i} has no 'arch'")
+        if "out" in r:
+            raise ConfigError(f"{path}: run {i}: 'out' is not a sweep option (runs write to out_root/<alias>)")
         seeds = r.pop("seeds", None) or [r.pop("seed", None)]
         for seed in seeds:
             opts = {k: v for k, v in r.items()}
-            mcfg = ModelConfig.from_name(opts["arch"], preset=opts.get("preset", "tiny"))
-            if seed is not None:
-                mcfg = mcfg.replace(seed=int(seed))
-            opts["arch"], opts["seed"] = mcfg.name, mcfg.seed
-            opts["out"] = str(out_root / mcfg.alias)
-            run = SweepRun(mcfg.name, mcfg.alias, opts)
             try:
+                mcfg = ModelConfig.from_name(opts["arch"], preset=opts.get("preset", "tiny"))
+                if seed is not None:
+                    if not isinstance(seed, int) or isinstance(seed, bool):
+                        raise ConfigError(f"seed {seed!r} must be an integer")
+                    mcfg = mcfg.replace(seed=seed)
+                opts["arch"], opts["seed"] = mcfg.name, mcfg.seed
+                opts["out"] = str(out_root / mcfg.alias)
+                run = SweepRun(mcfg.name, mcfg.alias, opts)
                 run.config()
-            except TypeError as exc:
-                raise ConfigError(f"{path}: run {i} ({mcfg.name}): {exc}") from None
+            except (TypeError, PhaseKVError) as exc:
+                raise ConfigError(f"{path}: run {i}: {exc}") from None
             if run.alias in seen:
                 raise ConfigError(f"{path}: run {mcfg.name!r} appears twice")
             seen.add(run.alias)
             runs.append(run)
     return runs
+
+
+def _inside(path: Path, key: str, value) -> Path:
+    """A directory named in a sweep file: relative, and inside the working directory (no '..')."""
+    p = Path(str(value))
+    if not str(value).strip() or p.is_absolute() or ".." in p.parts:
+        raise ConfigError(f"{path}: {key}={str(value)!r} must be a relative path inside the working directory "
+                          "(no absolute paths, no '..')")
+    return p
 
 
 def _select(runs: list[SweepRun], only: str | None) -> list[SweepRun]:
