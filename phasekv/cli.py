@@ -33,6 +33,7 @@ def _mount() -> None:
     # one line per room; a room registers its commands on `app` (or a sub-app)
     from phasekv.analysis import cli as analysis_cli
     from phasekv.eval import cli as eval_cli
+    from phasekv.mitigate import cli as mitigate_cli
     from phasekv.model import cli as model_cli
     from phasekv.report import cli as report_cli
     from phasekv.theory import cli as theory_cli
@@ -44,6 +45,7 @@ def _mount() -> None:
     app.add_typer(analysis_cli.app, name="analyze")
     app.add_typer(eval_cli.app, name="eval")
     train_cli.register(app)  # train, sweep, tokenizer
+    mitigate_cli.register(app)  # compare, audit
 
 
 def main() -> None:

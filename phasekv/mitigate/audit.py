@@ -1,0 +1,195 @@
+"""`phasekv audit`: a one-command phase audit of any checkpoint, fit to gate a model release in CI.
+
+It runs the position-matched lookup test (models with a phasekv config) or the needle test (any causal LM)
+at a length that fits the hardware, then the periodicity tests, and gives a verdict: the gap with its
+interval, whether the residue profile is periodic with the stride (or another period), the weakest
+residues and phases, and a figure. Exit code 0 when the gap is below --max-gap, 3 otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from phasekv.errors import ConfigError
+from phasekv.eval.models import EvalModel
+from phasekv.eval.prompts import PromptConfig, lookup_config, needle_config
+
+ALPHA = 0.01  # level of the period-S test in the verdict
+PASS, FAIL = 0, 3  # exit codes
+NEEDLE_DENSITY = 16000 / 131072  # records per context token in the study's needle test
+LOOKUP_LAYOUTS = [  # (records, demos, filler): the study's layout, then the tiny-model demo's (78 tokens)
+    (64, 8, 48), (16, 2, 40)]
+
+
+def auto_context(em: EvalModel) -> int:
+    """Needle context that fits: the model's position limit, capped by memory (about 1K tokens per GiB of
+    accelerator memory; 2,048 tokens on CPU)."""
+    if em.device.type == "cuda":
+        gib = torch.cuda.get_device_properties(em.device).total_memory / 2**30
+        budget = int(gib * 1024)
+    else:
+        budget = 2048
+    cfg = getattr(em.model, "config", None)
+    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "max_seq_len", None) or budget
+    ctx = min(budget, int(limit), 131072)
+    return max(256, ctx - ctx % 256 - 64)  # room for special tokens and demonstrations
+
+
+def training_length(em: EvalModel) -> int | None:
+    """Sequence length a phasekv run was trained at (its config.json), if known."""
+    path = em.info.get("path")
+    f = Path(path) / "config.json" if path else None
+    if f is None or not f.is_file():
+        return None
+    try:
+        return int(json.loads(f.read_text())["train"]["seq_len"])
+    except (KeyError, TypeError, ValueError, json.JSONDecodeError):
+        return None
+
+
+def prompt_config(em: EvalModel, task: str, per_group: int | None, modulus: int | None, context: int | None,
+                  records: int | None, demos: int | None, filler: int | None, seed: int) -> PromptConfig:
+    """The audit's prompts: lookup in the layout that fits the model's training length, or the needle test."""
+    if task == "lookup":
+        kw = {}
+        if records is None and demos is None and filler is None:
+            n = training_length(em)
+            fits = [lay for lay in LOOKUP_LAYOUTS if n is None or 2 + lay[2] + 2 * (lay[0] + lay[1]) <= n]
+            records, demos, filler = fits[0] if fits else LOOKUP_LAYOUTS[-1]
+        for k, v in (("records", records), ("demos", demos), ("filler", filler), ("per_group", per_group),
+                     ("modulus", modulus)):
+            if v is not None:
+                kw[k] = v
+        return lookup_config(seed=seed, **kw)
+    ctx = context or auto_context(em)
+    n_rec = records or max(16, round(ctx * NEEDLE_DENSITY))
+    kw = {"per_group": per_group or 64}  # 64 = 8^2: exact moment matching at M = 8
+    if modulus is not None:
+        kw["modulus"] = modulus
+    if demos is not None:
+        kw["demos"] = demos
+    return needle_config(context=ctx, records=n_rec, seed=seed, **kw)
+
+
+def verdict(summary: dict, stride: int | None, max_gap: float) -> dict:
+    """Pass/fail on the gap, the period verdict, the weakest residues and phases of an evaluation summary."""
+    groups = summary["groups"]
+    acc = np.array([g["acc"] for g in groups])
+    M = len(groups)
+    weakest = [groups[i] for i in np.argsort(acc, kind="stable")[:3]]
+    d = int(summary["detected_period"])
+    p = summary.get("periodicity", {}).get("p_value")
+    out = {"gap": summary["gap"], "gap_ci": summary["gap_ci"], "max_gap": max_gap, "pass": summary["gap"] < max_gap,
+           "mean": summary["mean"], "mean_ci": summary["mean_ci"], "worst": summary["worst"], "best": summary["best"],
+           "stride": stride, "modulus": M, "detected_period": d, "period_p_value": p,
+           "fold_consistency": summary.get("fold_consistency"),
+           "weakest_residues": [{k: g[k] for k in ("residue", "acc", "lo", "hi")} for g in weakest]}
+    if stride and M % stride == 0:
+        phase = acc.reshape(M // stride, stride).mean(0)  # (S,) profile folded mod S
+        order = np.argsort(phase, kind="stable")
+        out["phase_profile"] = phase.tolist()
+        out["weakest_phases"] = [{"phase": int(i), "acc": float(phase[i])} for i in order[:3]]
+    if d == 1:
+        out["periodic"], out["period_text"] = "none", "no residue dependence detected (period 1)"
+    elif stride and d == stride:
+        out["periodic"], out["period_text"] = "stride", f"periodic with the stride S={stride}"
+    elif stride and stride % d == 0:
+        out["periodic"], out["period_text"] = "divisor", f"periodic with period {d}, a divisor of the stride S={stride}"
+    else:
+        out["periodic"] = "other"
+        out["period_text"] = f"periodic with period {d}" + (f", not the stride S={stride}" if stride else "")
+    if p is not None:
+        sig = "significant" if p < ALPHA else "not significant"
+        out["period_text"] += f"; power at period {stride}: p = {p:.4f} ({sig} at {ALPHA})"
+    return out
+
+
+def run_audit(em: EvalModel, out: Path, stride: int | None = None, max_gap: float = 10.0, task: str = "auto",
+              per_group: int | None = None, modulus: int | None = None, context: int | None = None,
+              records: int | None = None, demos: int | None = None, filler: int | None = None, seed: int = 0,
+              batch_size: int = 32, interval: str | None = None, progress: bool = True) -> dict:
+    """Evaluate, test periodicity, write OUT/audit.json and OUT/audit.png; returns the verdict (with
+    `exit_code`)."""
+    from phasekv.eval.run import _atomic_text, _json_default, run_retrieval
+
+    if max_gap < 0:
+        raise ConfigError(f"--max-gap {max_gap} must be >= 0 (points)")
+    if task == "auto":
+        task = "lookup" if em.kind == "phasekv" else "needle"
+    if task not in ("lookup", "needle"):
+        raise ConfigError(f"--task must be auto, lookup or needle, got {task!r}")
+    stride = stride or em.stride
+    cfg = prompt_config(em, task, per_group, modulus, context, records, demos, filler, seed)
+    if stride is not None and (stride < 1 or cfg.modulus % stride):
+        raise ConfigError(f"--stride {stride} must divide the modulus {cfg.modulus} (pass --modulus)")
+    out = Path(out)
+    interval = interval or ("bootstrap" if task == "lookup" else "wilson")
+    summary = run_retrieval(task, em, cfg, out / task, batch_size=batch_size, interval=interval, stride=stride,
+                            progress=progress)
+    v = verdict(summary, stride, max_gap)
+    v.update(model=em.name, task=task, protocol=summary["protocol"], prompt_length=summary["prompt_length"],
+             n_prompts=summary["n_prompts"], exit_code=PASS if v["pass"] else FAIL, evaluation=str(out / task))
+    plot_audit(summary, v, out / "audit.png")
+    _atomic_text(out / "audit.json", json.dumps(v, indent=2, default=_json_default))
+    return v
+
+
+def plot_audit(summary: dict, v: dict, path: Path) -> None:
+    """Left: accuracy by residue with its band, weakest residues marked. Right: the profile folded mod S."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from phasekv.eval.report import _save
+
+    g = summary["groups"]
+    r = np.array([x["residue"] for x in g])
+    acc = np.array([x["acc"] for x in g])
+    S, M = v["stride"], len(g)
+    fig, axes = plt.subplots(1, 2 if S and M % S == 0 and S < M else 1, figsize=(10, 3.2), squeeze=False)
+    ax = axes[0, 0]
+    ax.fill_between(r, [x["lo"] for x in g], [x["hi"] for x in g], alpha=0.25, lw=0)
+    ax.plot(r, acc, "o-", ms=3)
+    for w in v["weakest_residues"]:
+        ax.plot(w["residue"], w["acc"], "o", color="C3", ms=7, mfc="none")
+    if S and S < M:
+        for b in range(S, M, S):
+            ax.axvline(b - 0.5, ls="--", color="gray", lw=0.8)
+    ax.set_xlabel(f"target position mod {M}")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(-3, 103)
+    verdict_word = "PASS" if v["pass"] else "FAIL"
+    ax.set_title(f"{v['model']} · {v['task']} · gap {v['gap']:.1f} [{v['gap_ci'][0]:.1f}, {v['gap_ci'][1]:.1f}] "
+                 f"vs max {v['max_gap']:g}: {verdict_word}", fontsize=8)
+    if axes.shape[1] == 2:
+        ax = axes[0, 1]
+        for k in range(M // S):
+            ax.plot(range(S), acc[k * S : (k + 1) * S], "-", color="gray", lw=0.7, alpha=0.7)
+        ax.plot(range(S), v["phase_profile"], "o-", color="C0", lw=2, label="mean over periods")
+        ax.set_xlabel(f"phase (position mod S={S})")
+        ax.set_ylim(-3, 103)
+        ax.set_title(f"folded mod {S}: detected period {v['detected_period']}", fontsize=8)
+        ax.legend(fontsize=7)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def print_verdict(v: dict, console) -> None:
+    color = "green" if v["pass"] else "red"
+    console.print(f"[bold]{v['model']}[/] · {v['task']} ({v['protocol']} padding, {v['n_prompts']:,} prompts of "
+                  f"{v['prompt_length']:,} tokens)")
+    console.print(f"mean {v['mean']:.1f} [{v['mean_ci'][0]:.1f}, {v['mean_ci'][1]:.1f}] · worst {v['worst']:.1f} · "
+                  f"best {v['best']:.1f}")
+    console.print(f"gap {v['gap']:.1f} points, 95% [{v['gap_ci'][0]:.1f}, {v['gap_ci'][1]:.1f}]; "
+                  f"threshold {v['max_gap']:g}: [bold {color}]{'PASS' if v['pass'] else 'FAIL'}[/]")
+    console.print(f"period: {v['period_text']}")
+    weak = ", ".join(f"{w['residue']} ({w['acc']:.1f} [{w['lo']:.1f}, {w['hi']:.1f}])" for w in v["weakest_residues"])
+    console.print(f"weakest residues mod {v['modulus']}: {weak}")
+    if "weakest_phases" in v:
+        console.print("weakest phases mod {}: {}".format(
+            v["stride"], ", ".join(f"{w['phase']} ({w['acc']:.1f})" for w in v["weakest_phases"])))

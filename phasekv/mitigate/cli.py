@@ -1,0 +1,83 @@
+"""`phasekv compare RUNS...` and `phasekv audit --model DIR --stride S`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+console = Console()
+
+
+def compare_command(
+    runs: list[Path] = typer.Argument(..., help="Evaluation directories (`phasekv eval lookup --out DIR`), or "
+                                                "directories holding exactly one evaluation of --padding."),
+    out: Path = typer.Option(..., "--out", help="Output directory: summary.json, results.parquet, pareto.png."),
+    padding: str = typer.Option("prefix", help="Padding protocol of the evaluations to pick under a directory."),
+    reference: str = typer.Option(None, help="Full-attention model the costs are relative to (default: the "
+                                             "full-attention run with the fewest KV heads)."),
+    baseline: str = typer.Option(None, help="Model whose mean accuracy mitigations must match (default "
+                                            "'W8/S8 · 1 KV' when compared)."),
+    context: int = typer.Option(32768, help="Context length at which cache bytes per token are counted."),
+    min_compression: float = typer.Option(4.0, help="Acceptance: smallest compression ratio (x full attention)."),
+    max_gap_factor: float = typer.Option(2.0, help="Acceptance: largest gap as a multiple of the reference's."),
+    bench_reps: int = typer.Option(5, help="Interleaved repetitions of the cost micro-benchmark (0 = skip)."),
+    decode_context: int = typer.Option(512, help="Prefill length before the timed decode steps."),
+) -> None:
+    """Compare models and mitigations: cache size, train/decode cost, accuracy, gap, Pareto plot.
+
+    Costs are measured here, interleaved across models (minimum over repetitions), relative to full
+    attention; a phase ensemble of k shifts costs k decode passes. Example:
+    phasekv compare runs/eval/full runs/eval/w8s8 runs/eval/w8s8-ens8 runs/eval/stagger --out runs/compare
+    """
+    from phasekv.mitigate.compare import Bench, compare, table, verdict_lines
+
+    bench = Bench(reps=bench_reps, decode_context=decode_context)
+    s = compare(runs, out, reference=reference, baseline=baseline, protocol=padding, context=context,
+                min_compression=min_compression, max_gap_factor=max_gap_factor, bench=bench, progress=True)
+    console.print(table(s))
+    for line in verdict_lines(s):
+        console.print(line)
+    console.print(f"wrote {out}/summary.json, results.parquet, pareto.png")
+
+
+def audit_command(
+    model: Path = typer.Option(..., "--model", help="A phasekv run/model directory or a Hugging Face causal LM "
+                                                    "directory."),
+    stride: int = typer.Option(None, help="Compression stride S to test for (default: the model's)."),
+    max_gap: float = typer.Option(10.0, "--max-gap", help="Gap threshold in points: exit 0 below it, 3 otherwise."),
+    out: Path = typer.Option(None, "--out", help="Output directory (default: ./audit-<model dir name>)."),
+    task: str = typer.Option("auto", help="auto (lookup for phasekv models, needle otherwise) | lookup | needle."),
+    context: int = typer.Option(None, help="Needle context tokens (default: what fits the device and model)."),
+    per_group: int = typer.Option(None, "--per-group", help="Prompts per residue group (lookup 576, needle 64)."),
+    modulus: int = typer.Option(None, help="Residue groups M (lookup 24, needle 8)."),
+    records: int = typer.Option(None, help="Records per prompt (default: fits the model's training length)."),
+    demos: int = typer.Option(None, help="Demonstrations before the target key."),
+    filler: int = typer.Option(None, help="Lookup filler tokens per prompt."),
+    seed: int = typer.Option(0, help="Seed of mappings, positions and filler."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Prompts per forward pass."),
+    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
+    tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
+) -> None:
+    """Phase audit in one command: retrieval by residue, periodicity, verdict, figure; exit 0 (gap < --max-gap)
+    or 3 (gap >= --max-gap), so it can gate a model release in CI.
+
+    Example: phasekv audit --model runs/w8s8 --stride 8 --max-gap 10
+    """
+    from phasekv.eval.cli import _load
+    from phasekv.mitigate.audit import print_verdict, run_audit
+
+    em = _load(model, device, trust_remote_code, tokenizer)
+    out = out or Path(f"audit-{Path(model).resolve().name}")
+    v = run_audit(em, out, stride=stride, max_gap=max_gap, task=task, per_group=per_group, modulus=modulus,
+                  context=context, records=records, demos=demos, filler=filler, seed=seed, batch_size=batch_size)
+    print_verdict(v, console)
+    console.print(f"wrote {out}/audit.json, audit.png, {v['task']}/ · exit code {v['exit_code']}")
+    raise typer.Exit(v["exit_code"])
+
+
+def register(app: typer.Typer) -> None:
+    app.command("compare")(compare_command)
+    app.command("audit")(audit_command)

@@ -1,0 +1,57 @@
+"""`phasekv audit`: the verdict and the exit code follow the --max-gap threshold."""
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from phasekv import ModelConfig, PhaseLM
+from phasekv.data.tokenizer import build_word_tokenizer
+from phasekv.eval.models import EvalModel
+from phasekv.eval.tokens import WordTokenizer
+from phasekv.mitigate import cli as mitigate_cli
+from phasekv.mitigate.audit import run_audit
+from tests.mitigate.test_ensemble import Planted
+
+SMALL = dict(records=12, demos=2, filler=8, modulus=8, per_group=64)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return WordTokenizer(build_word_tokenizer(), "word")
+
+
+@pytest.mark.parametrize("max_gap,code", [(50.0, 3), (100.5, 0)])
+def test_exit_code_follows_threshold_planted(tmp_path, tok, max_gap, code):
+    em = EvalModel(Planted(tok.vocab_size, [1, 1, 1, 0]), tok, "planted", "phasekv", 4, {"path": "planted"})
+    v = run_audit(em, tmp_path, max_gap=max_gap, task="lookup", progress=False, **SMALL)
+    assert v["gap"] == pytest.approx(100.0)
+    assert v["exit_code"] == code and v["pass"] is (code == 0)
+    assert v["periodic"] == "stride" and v["detected_period"] == 4
+    assert [w["residue"] for w in v["weakest_residues"]][:2] == [3, 7]
+    assert v["weakest_phases"][0] == {"phase": 3, "acc": 0.0}
+    assert json.loads((tmp_path / "audit.json").read_text())["exit_code"] == code
+    assert (tmp_path / "audit.png").stat().st_size > 0 and (tmp_path / "lookup" / "summary.json").is_file()
+
+
+def test_flat_profile_passes(tmp_path, tok):
+    em = EvalModel(Planted(tok.vocab_size, [1]), tok, "planted", "phasekv", 4, {"path": "planted"})
+    v = run_audit(em, tmp_path, max_gap=1.0, task="lookup", progress=False, **SMALL)
+    assert v["gap"] == 0 and v["exit_code"] == 0 and v["periodic"] == "none"
+
+
+def test_cli_exit_codes(tmp_path, tok):
+    model = PhaseLM(ModelConfig.from_name("W4/S4 · 1 KV", vocab_size=tok.vocab_size))
+    model.save(tmp_path / "m")
+    app = typer.Typer()
+    mitigate_cli.register(app)
+    args = ["audit", "--model", str(tmp_path / "m"), "--records", "12", "--demos", "2", "--filler", "8",
+            "--modulus", "4", "--per-group", "16", "--device", "cpu"]
+    r = CliRunner().invoke(app, args + ["--out", str(tmp_path / "a"), "--max-gap", "100.5"])
+    assert r.exit_code == 0, r.output
+    assert "periodic" in r.output or "period" in r.output
+    r = CliRunner().invoke(app, args + ["--out", str(tmp_path / "b"), "--max-gap", "0"])
+    assert r.exit_code == 3, r.output  # a gap is never below 0
+    v = json.loads((tmp_path / "b" / "audit.json").read_text())
+    assert v["model"] == "W4/S4 · 1 KV" and v["task"] == "lookup" and v["stride"] == 4

@@ -1,0 +1,87 @@
+"""`phasekv compare`: the stable summary schema, cache and cost columns, Pareto flags, the acceptance check."""
+
+import json
+
+import pandas as pd
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from phasekv import ModelConfig, PhaseLM
+from phasekv.data.tokenizer import build_word_tokenizer
+from phasekv.eval.models import load
+from phasekv.eval.prompts import lookup_config
+from phasekv.eval.run import run_retrieval
+from phasekv.eval.tokens import WordTokenizer
+from phasekv.mitigate import cli as mitigate_cli
+from phasekv.mitigate.compare import ROW_FIELDS, SCHEMA, Bench, _criteria, compare
+from phasekv.mitigate.ensemble import phase_ensemble
+
+CFG = dict(records=12, demos=2, filler=8, modulus=4, per_group=16, mappings=4)
+
+
+@pytest.fixture(scope="module")
+def evals(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cmp")
+    V = WordTokenizer(build_word_tokenizer(), "word").vocab_size
+    dirs = []
+    for name in ("Full attention · 1 KV", "W4/S4 · 1 KV", "W4/S4 · 1 KV · staggered windows"):
+        m = root / ModelConfig.from_name(name).alias
+        PhaseLM(ModelConfig.from_name(name, vocab_size=V)).save(m)
+        em = load(m)
+        run_retrieval("lookup", em, lookup_config(**CFG), root / "eval" / m.name, progress=False)
+        dirs.append(root / "eval" / m.name)
+        if name == "W4/S4 · 1 KV":
+            run_retrieval("lookup", phase_ensemble(em, 2), lookup_config(**CFG), root / "eval" / "ens2", progress=False)
+            dirs.append(root / "eval" / "ens2")
+    return root, dirs
+
+
+def test_summary_schema_and_costs(evals):
+    root, dirs = evals
+    s = compare(dirs, root / "out", baseline="W4/S4 · 1 KV", bench=Bench(reps=1, decode_context=32, decode_steps=4))
+    assert s["schema"] == SCHEMA and s["reference"] == "Full attention · 1 KV" and s["baseline"] == "W4/S4 · 1 KV"
+    rows = {r["label"]: r for r in s["models"]}
+    assert all(set(r) == set(ROW_FIELDS) for r in s["models"])
+    full, base = rows["Full attention · 1 KV"], rows["W4/S4 · 1 KV"]
+    ens = rows["W4/S4 · 1 KV · phase ensemble 2"]
+    assert full["cache_rel"] == 1.0 and full["train_cost_rel"] == 1.0 and full["role"] == "reference"
+    assert 3.9 < base["compression"] < 4.0  # the local window and the window in flight cost a little
+    assert ens["cache_rel"] == base["cache_rel"] and ens["decode_cost_rel"] == pytest.approx(2 * base["decode_cost_rel"])
+    assert ens["mitigations"] == ["phase ensemble 2"]
+    assert rows["W4/S4 · 1 KV · staggered windows"]["mitigations"] == ["staggered windows"]
+    assert set(s["criteria"]["passing"]) == {"point", "ci", "strict"}
+    saved = json.loads((root / "out" / "summary.json").read_text())
+    assert saved["models"][0]["label"] == s["models"][0]["label"]
+    assert len(pd.read_parquet(root / "out" / "results.parquet")) == 4
+    assert (root / "out" / "pareto.png").stat().st_size > 0
+
+
+def _row(label, compression, gap, gap_ci, mean, mean_ci):
+    return {"label": label, "compression": compression, "gap": gap, "gap_ci": gap_ci, "mean": mean, "mean_ci": mean_ci}
+
+
+def test_acceptance_check_with_intervals():
+    rows = [_row("full", 1.0, 5.0, [2.0, 8.0], 90.0, [88.0, 92.0]),
+            _row("base", 8.0, 70.0, [60.0, 80.0], 50.0, [48.0, 52.0]),
+            _row("good", 8.0, 6.0, [3.0, 9.0], 60.0, [58.0, 62.0]),  # passes every way
+            _row("close", 8.0, 12.0, [9.0, 15.0], 49.0, [47.0, 51.0]),  # only within the intervals
+            _row("big", 2.0, 1.0, [0.0, 2.0], 95.0, [94.0, 96.0])]  # compression too low
+    c = _criteria(rows, "full", "base", 4.0, 2.0)
+    assert c["passing"] == {"point": ["good"], "ci": ["good", "close"], "strict": []}
+    rows[2]["gap_ci"] = [3.0, 4.0]
+    assert _criteria(rows, "full", "base", 4.0, 2.0)["passing"]["strict"] == ["good"]
+    assert c["best"] == "good"
+
+
+def test_cli(evals, tmp_path):
+    root, dirs = evals
+    app = typer.Typer()
+    mitigate_cli.register(app)
+    r = CliRunner().invoke(app, ["compare", *map(str, dirs), "--out", str(tmp_path / "c"), "--bench-reps", "0",
+                                 "--baseline", "w4s4-1kv"])
+    assert r.exit_code == 0, r.output
+    s = json.loads((tmp_path / "c" / "summary.json").read_text())
+    assert s["baseline"] == "W4/S4 · 1 KV" and s["models"][1]["train_cost_rel"] is None
+    r = CliRunner().invoke(app, ["compare", str(dirs[0]), str(dirs[0]), "--out", str(tmp_path / "d")])
+    assert r.exit_code != 0 and "same model" in str(r.exception)
