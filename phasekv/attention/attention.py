@@ -18,6 +18,8 @@ from phasekv.attention.positions import Grid
 from phasekv.attention.rope import apply_rope
 from phasekv.model.config import ModelConfig
 
+DECODE_CHUNK = 64  # cached chunks up to this many tokens attend in place (decode); longer ones blockwise
+
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Reference masked attention. q (B, H, Tq, D); k, v (B, n_kv, N, D); mask (Tq, N) bool -> (B, H, Tq, D)."""
@@ -83,10 +85,14 @@ class Attention(nn.Module):
     def _full(self, q, k, v, pos, cache: FullLayerCache | None) -> torch.Tensor:
         if cache is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        fresh = cache.k.n == 0
         cache.k.append(k)
         cache.v.append(v)
+        if fresh:  # a prompt on an empty cache: plain causal attention
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         keys_pos = torch.arange(cache.k.n, device=pos.device)
-        return attend(q, cache.k.view(k), cache.v.view(v), keys_pos[None, :] <= pos[:, None])
+        mask = None if q.shape[2] == 1 else keys_pos[None, :] <= pos[:, None]  # one query sees every key
+        return blockwise.attend_parts(q, [(cache.k.view(k), cache.v.view(v), mask)])
 
     def _compressed(self, q, k, v, h, pos) -> torch.Tensor:
         windows = self.compressor.windows(h, self.grid.offset)  # (B, n, W, d)
@@ -102,12 +108,13 @@ class Attention(nn.Module):
 
     def _compressed_cached(self, q, k, v, h, pos, cache: CompressedLayerCache) -> torch.Tensor:
         self._extend_entries(h, pos, cache)
-        j = torch.arange(cache.n_entries, device=pos.device)
         ek = cache.entries_k.view(k)
         ev = ek if cache.entries_v is None else cache.entries_v.view(v)
-        rk, rv, rpos = cache.ring(k)
-        mask = self.grid.mask(pos, j, torch.cat([rpos, pos]))
-        z = attend(q, torch.cat([ek, rk, k], 2), torch.cat([ev, rv, v], 2), mask)
+        ring = cache.ring(k)
+        if q.shape[2] > DECODE_CHUNK:  # a prompt: blockwise, O(T (T/S + n_local))
+            z = blockwise.blockwise_attention(q, pos, ek, ev, k, v, self.grid, ring=ring)
+        else:  # decode: the cache read in place
+            z = blockwise.decode_attention(q, pos, ek, ev, k, v, self.grid, ring)
         cache.write_exact(k, v, pos)
         return z
 
@@ -119,23 +126,28 @@ class Attention(nn.Module):
         j_hi = (t1 - 1 - g.offset) // S  # newest window that has started
         if t1 - 1 < g.offset or j_hi < j_lo:
             return
-        p0 = j_lo * S + g.offset  # first position covered by the touched windows
-        span = (j_hi - j_lo) * S + W
-        ext = h.new_zeros(h.shape[0], span, h.shape[2])  # (B, span, d)
-        a, b = max(t0, p0), min(t1, p0 + span)
-        ext[:, a - p0 : b - p0] = h[:, a - t0 : b - t0]
-        present = torch.zeros(span, dtype=torch.bool, device=h.device)
-        present[a - p0 : b - p0] = True
-        windows = ext.unfold(1, W, S).transpose(2, 3)  # (B, n_w, W, d)
-        present = present.unfold(0, W, S)  # (n_w, W)
+        if h.shape[1] == 1:  # one decode token: only the offsets it fills in the windows it belongs to
+            offsets = t0 - g.entry_start(torch.arange(j_lo, j_hi + 1, device=h.device))  # (n_w,)
+            fresh = [branch.token_partial(h[:, 0], offsets) for branch in self.compressor.branches()]
+        else:
+            p0 = j_lo * S + g.offset  # first position covered by the touched windows
+            span = (j_hi - j_lo) * S + W
+            ext = h.new_zeros(h.shape[0], span, h.shape[2])  # (B, span, d)
+            a, b = max(t0, p0), min(t1, p0 + span)
+            ext[:, a - p0 : b - p0] = h[:, a - t0 : b - t0]
+            present = torch.zeros(span, dtype=torch.bool, device=h.device)
+            present[a - p0 : b - p0] = True
+            windows = ext.unfold(1, W, S).transpose(2, 3)  # (B, n_w, W, d)
+            present = present.unfold(0, W, S)  # (n_w, W)
+            fresh = [branch.partial(windows, present) for branch in self.compressor.branches()]
         n_done = g.n_complete(t1) - j_lo  # touched windows that are now complete
         partials = []
-        for i, branch in enumerate(self.compressor.branches()):
-            p = branch.partial(windows, present)
-            if cache.partials is not None:
-                old = cache.partials[i]
-                n_old = old.m.shape[1]
-                p = _cat_partials(old.merge(p.slice(0, n_old)), p.slice(n_old))
+        for i, p in enumerate(fresh):
+            n_old = 0 if cache.partials is None else cache.partials[i].m.shape[1]
+            if n_old == p.m.shape[1]:  # every touched window was in flight already
+                p = cache.partials[i].merge(p)
+            elif n_old:
+                p = _cat_partials(cache.partials[i].merge(p.slice(0, n_old)), p.slice(n_old))
             partials.append(p)
         if n_done > 0:
             raw = [b.finalize(p.slice(0, n_done)) for b, p in zip(self.compressor.branches(), partials, strict=True)]

@@ -120,3 +120,50 @@ def flex_attention(
     keys = torch.cat([ek, k], 2)  # (B, n_kv, n + T, D)
     values = keys if (ev is ek and v is k) else torch.cat([ev, v], 2)
     return run(q, keys, values, block_mask=mask, enable_gqa=True)
+
+
+def attend_parts(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]) -> torch.Tensor:
+    """One softmax over several key sets, each read in place (no concatenation of keys or values).
+
+    q (B, H, Tq, D); parts: (k, v, mask) with k, v (B, n_kv, N_i, D) and mask (Tq, N_i) bool, or None when
+    every query sees every key of the set. Every query must see at least one key. -> (B, H, Tq, D).
+    For few queries over long caches (decode): O(Tq * sum N_i), no dense mask over what all queries see.
+    """
+    B, H, Tq, D = q.shape
+    n_kv = parts[0][0].shape[1]
+    g = H // n_kv
+    qg = q.reshape(B, n_kv, g * Tq, D) * D**-0.5  # query heads grouped by the KV head they read
+    parts = [p for p in parts if p[0].shape[2] > 0]
+    scores = []
+    for k, _, mask in parts:
+        s = qg @ k.transpose(-1, -2)  # (B, n_kv, g * Tq, N_i)
+        if mask is not None:
+            s = s.view(B, n_kv, g, Tq, -1).masked_fill(~mask, float("-inf")).view(B, n_kv, g * Tq, -1)
+        scores.append(s)
+    probs = torch.cat(scores, -1).softmax(-1).split([k.shape[2] for k, _, _ in parts], -1)
+    out = sum(p @ v for p, (_, v, _) in zip(probs, parts, strict=True))  # (B, n_kv, g * Tq, D)
+    return out.view(B, H, Tq, D)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    pos: torch.Tensor,
+    ek: torch.Tensor,
+    ev: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grid: Grid,
+    ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """Same contract as `blockwise_attention`, for a few queries over a decode cache: the entries every query
+    sees are read in place without a mask; only entries completing inside the chunk and the exact tokens
+    (ring + chunk, at most `exact_keep + Tq`) are masked by `Grid`."""
+    rk, rv, rpos = ring
+    n, n_all = ek.shape[2], min(ek.shape[2], grid.n_complete(int(pos[0]) + 1))  # entries all queries see
+    xk, xpos = torch.cat([rk, k], 2), torch.cat([rpos, pos])
+    xv = xk if (rv is rk and v is k) else torch.cat([rv, v], 2)
+    parts = [(ek[:, :, :n_all], ev[:, :, :n_all], None), (xk, xv, grid.exact_visible(pos, xpos))]
+    if n_all < n:  # entries completing inside the chunk
+        j = torch.arange(n_all, n, device=q.device)
+        parts.append((ek[:, :, n_all:], ev[:, :, n_all:], grid.entry_visible(pos, j)))
+    return attend_parts(q, parts)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from phasekv.attention.norm import RMSNorm
@@ -75,6 +76,19 @@ class CompressorBranch(nn.Module):
         e = (s - m_safe[:, :, None]).exp()  # (B, n, W, n_kv, G), 0 at absent offsets
         payload = torch.einsum("bnwd,wkcd->bnwkc", windows, self.payload)  # (B, n, W, n_kv, d_head)
         return Partial(m, e.sum(dim=2), (e * payload).sum(dim=2))
+
+    def token_partial(self, h: torch.Tensor, offsets: torch.Tensor) -> Partial:
+        """Partials of one token h (B, d) sitting at `offsets` (n_w,) of n_w windows: what `partial` gives for
+        windows holding that token alone, computing only its own offsets (the decode step)."""
+        B, d = h.shape
+        n_w, n_kv = offsets.shape[0], self.payload.shape[1]
+        payload = F.linear(h, self.payload[offsets].reshape(-1, d)).view(B, n_w, n_kv, -1)  # (B, n_w, n_kv, d_head)
+        if self.gate_weight is None:
+            s = payload.new_zeros(B, n_w, n_kv, 1)
+        else:
+            s = F.linear(h, self.gate_weight[offsets].reshape(-1, d)).view(B, n_w, n_kv, -1)  # (B, n_w, n_kv, G)
+            s = s if self.gate_bias is None else s + self.gate_bias[offsets]
+        return Partial(s, torch.ones_like(s), payload)
 
     def finalize(self, p: Partial) -> torch.Tensor:
         """Compressed entries (B, n_kv, n, d_head) from the partials of complete windows."""

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+
+@functools.lru_cache(maxsize=64)
+def _inv_freq(rot_dims: int, theta: float, device: torch.device) -> torch.Tensor:
+    """theta^(-2i/r), i < r/2: computed once per (r, theta, device), not at every decode step."""
+    with torch.inference_mode(False), torch.no_grad():  # a plain tensor even if first asked for in inference mode
+        return 1.0 / (theta ** (torch.arange(0, rot_dims, 2, dtype=torch.float32, device=device) / rot_dims))
 
 
 def rope_angles(pos: torch.Tensor, rot_dims: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (..., rot_dims) for integer positions `pos` (...)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dims, 2, dtype=torch.float32, device=pos.device) / rot_dims))
+    inv_freq = _inv_freq(rot_dims, theta, pos.device)
     ang = pos.to(torch.float32)[..., None] * inv_freq  # (..., rot_dims/2)
     ang = torch.cat([ang, ang], dim=-1)  # (..., rot_dims)
     return ang.cos(), ang.sin()

@@ -131,3 +131,50 @@ def test_unknown_backend_is_a_config_error():
     with pytest.raises(ConfigError, match="backend 'dense'"), blockwise.use_backend("dense"):
         pass
     assert blockwise.backend() == "blockwise"
+
+
+# ---- decode: long prompts through the cache take the blockwise path, single tokens read the cache in place ----
+@pytest.mark.parametrize("name", ["W8/S8 · 1 KV", "W8/S4 · 2 KV · staggered windows", "W5/S2 · 1 KV · uncompressed tail",
+                                  "DeepSeek-style kernel", "W8/S8 · 1 KV · uniform averaging · tied K/V · post-norm",
+                                  "Full attention · 4 KV"])
+@torch.no_grad()
+def test_long_prompt_then_decode_equals_parallel(name):
+    from phasekv.attention.attention import DECODE_CHUNK
+
+    model = PhaseLM(ModelConfig.from_name(name, **SMALL)).eval()
+    ids = torch.randint(0, 61, (3, DECODE_CHUNK + 83))
+    with blockwise.use_backend("reference"):
+        ref = model(ids)
+    cache = model.new_cache(3)
+    cuts = [DECODE_CHUNK + 5, DECODE_CHUNK + 6, DECODE_CHUNK + 7, DECODE_CHUNK + 40, *range(DECODE_CHUNK + 41, ids.shape[1] + 1)]
+    out, a = [], 0
+    for b in cuts:  # a long prompt (blockwise), single tokens (in place), a mid-size chunk, single tokens again
+        out.append(model(ids[:, a:b], cache=cache))
+        a = b
+    assert (torch.cat(out, 1) - ref).abs().max() <= TOL
+
+
+def test_token_partial_is_partial_of_a_lone_token():
+    cfg = ModelConfig.from_name("W8/S4 · 2 KV · vector gates", **SMALL)
+    model = PhaseLM(cfg)
+    branch = model.layers[0].attn.compressor.key
+    h = torch.randn(2, cfg.d_model)
+    offsets = torch.tensor([5, 1])  # the token at offset 5 of one window and 1 of the next
+    windows = torch.zeros(2, 2, cfg.window, cfg.d_model)
+    present = torch.zeros(2, cfg.window, dtype=torch.bool)
+    for w, i in enumerate(offsets.tolist()):
+        windows[:, w, i], present[w, i] = h, True
+    want, got = branch.partial(windows, present), branch.token_partial(h, offsets)
+    for a, b in [(want.m, got.m), (want.z, got.z), (want.acc, got.acc)]:
+        assert torch.allclose(a, b, rtol=0, atol=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(Tq=st.integers(1, 6), parts=st.lists(st.integers(0, 20), min_size=1, max_size=3), kv=st.sampled_from([1, 2, 4]))
+def test_attend_parts_equals_one_softmax(Tq, parts, kv):
+    q = torch.randn(2, 4, Tq, 8)
+    sets = [(torch.randn(2, kv, n, 8), torch.randn(2, kv, n, 8), torch.rand(Tq, n) < 0.7) for n in parts]
+    sets.append((torch.randn(2, kv, 1, 8), torch.randn(2, kv, 1, 8), None))  # every query sees >= 1 key
+    full_mask = torch.cat([torch.ones(Tq, 1, dtype=torch.bool) if m is None else m for _, _, m in sets], 1)
+    ref = attend(q, torch.cat([k for k, _, _ in sets], 2), torch.cat([v for _, v, _ in sets], 2), full_mask)
+    assert (blockwise.attend_parts(q, sets) - ref).abs().max() <= TOL

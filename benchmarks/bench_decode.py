@@ -1,0 +1,103 @@
+"""Decode: step time and cache bytes of full attention vs W8/S8 at contexts 4K, 32K, 128K (`small` preset).
+
+A prefill of 128K tokens through full attention is O(T^2) (hours on a CPU), so each cache is filled
+synthetically up to `context - 64` (random keys/values or compressed entries of exactly the shapes a
+real prefill leaves) and the last 64 tokens run through the model for real (ring buffer, in-flight window
+partials). Then single-token steps are timed, full and compressed interleaved:
+  * model step: the whole `small` model (embeddings, 4 blocks, lm_head) for one new token per sequence;
+  * attention step: one attention layer (projections, compressor update, attention over the cache).
+Cache bytes: measured `cache.nbytes` against the target (T/S + n_local + W)/T of full attention's.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from common import add_common_args, fmt_t, header, interleaved, setup
+
+from phasekv import ModelConfig, PhaseLM
+from phasekv.attention.cache import FullLayerCache, PhaseCache
+from phasekv.model.cli import cache_bytes
+
+REAL_TAIL = 64  # tokens fed for real after the synthetic fill
+
+
+def synthetic_cache(model: PhaseLM, batch: int, context: int, device, dtype) -> PhaseCache:
+    """A cache holding `context` tokens: synthetic up to context - REAL_TAIL, the rest decoded for real."""
+    cfg, start = model.config, context - REAL_TAIL
+    cache = model.new_cache(batch)
+    g = torch.Generator(device=device).manual_seed(0)
+    for block, layer_cache in zip(model.layers, cache.layers, strict=True):
+        full = isinstance(layer_cache, FullLayerCache)
+        n = start if full else block.attn.grid.n_complete(start)
+        stores = [layer_cache.k, layer_cache.v] if full else [layer_cache.entries_k, layer_cache.entries_v]
+        for store in filter(None, stores):
+            store.append(torch.randn(batch, cfg.n_kv_heads, n, cfg.head_dim, generator=g, device=device, dtype=dtype))
+    cache.pos = start
+    ids = torch.randint(0, cfg.vocab_size, (batch, REAL_TAIL), generator=g, device=device)
+    model(ids, cache=cache)
+    return cache
+
+
+class Stepper:
+    """Advances one model's cache by one token per call (model step) or one layer's cache (attention step)."""
+
+    def __init__(self, model: PhaseLM, cache: PhaseCache, device, dtype):
+        self.model, self.cache = model, cache
+        cfg = model.config
+        self.ids = torch.randint(0, cfg.vocab_size, (cache.batch_size, 1), device=device)
+        self.h = torch.randn(cache.batch_size, 1, cfg.d_model, device=device, dtype=dtype)
+        self.attn_pos = cache.pos  # the attention-only steps use layer 0's cache from here on
+
+    def model_step(self) -> None:
+        self.model(self.ids, cache=self.cache)
+
+    def attention_step(self) -> None:
+        pos = torch.tensor([self.attn_pos], device=self.h.device)
+        self.model.layers[0].attn(self.h, pos, self.cache.layers[0])
+        self.attn_pos += 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = add_common_args(argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+    p.add_argument("--contexts", default="4096,32768,131072")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--preset", default="small")
+    p.add_argument("--reps", type=int, default=20)
+    args = p.parse_args(argv)
+    device, dtype = setup(args)
+    header(f"decode: full attention vs W8/S8 · 1 KV, preset {args.preset}, batch {args.batch}", args,
+           f"caches filled synthetically up to context-{REAL_TAIL}, then {REAL_TAIL} real tokens; medians of "
+           f"{args.reps} interleaved single-token steps")
+    torch.manual_seed(0)
+    models = {}
+    for name in ("full-1kv", "w8s8-1kv"):
+        cfg = ModelConfig.from_name(name, preset=args.preset)
+        models[name] = PhaseLM(cfg).to(device=device, dtype=dtype).eval()
+    cfg = models["w8s8-1kv"].config
+    print(f"{'context':>8} | {'model step full':>15} {'W8/S8':>10} {'ratio':>6} | {'attn step full':>14} {'W8/S8':>10} "
+          f"{'ratio':>6} | {'cache full':>11} {'W8/S8':>10} {'ratio':>7} {'target':>7} {'/target':>7}")
+    with torch.no_grad():
+        for context in (int(c) for c in args.contexts.split(",")):
+            steppers = {n: Stepper(m, synthetic_cache(m, args.batch, context, device, dtype), device, dtype)
+                        for n, m in models.items()}
+            nbytes = {n: s.cache.nbytes for n, s in steppers.items()}  # before timing grows them
+            model_t = interleaved({n: s.model_step for n, s in steppers.items()}, args.reps, device, warmup=3)
+            attn_t = interleaved({n: s.attention_step for n, s in steppers.items()}, args.reps, device, warmup=3)
+            ratio = nbytes["w8s8-1kv"] / nbytes["full-1kv"]
+            target = (context / cfg.stride + cfg.local_window + cfg.window) / context
+            if dtype == torch.float32:  # the analytic helper counts fp32 bytes
+                assert nbytes["w8s8-1kv"] == cache_bytes(cfg, context, args.batch), "cache_bytes helper disagrees"
+            print(f"{context:>8} | {fmt_t(model_t['full-1kv']):>15} {fmt_t(model_t['w8s8-1kv']):>10} "
+                  f"{model_t['w8s8-1kv'] / model_t['full-1kv']:>6.3f} | {fmt_t(attn_t['full-1kv']):>14} "
+                  f"{fmt_t(attn_t['w8s8-1kv']):>10} {attn_t['w8s8-1kv'] / attn_t['full-1kv']:>6.3f} | "
+                  f"{nbytes['full-1kv'] / 2**20:>8.2f} MiB {nbytes['w8s8-1kv'] / 2**20:>6.2f} MiB {ratio:>7.4f} "
+                  f"{target:>7.4f} {ratio / target:>7.3f}", flush=True)
+            del steppers
+    print("targets: attention step at 32K <= 0.35x full; cache bytes within 5% of (T/S + n_local + W)/T "
+          "(/target in [0.95, 1.05])")
+
+
+if __name__ == "__main__":
+    main()

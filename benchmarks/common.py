@@ -1,0 +1,127 @@
+"""Shared benchmark plumbing: device/thread setup, the header every benchmark prints, an interleaved timer,
+peak-memory measurement and synthetic decode caches."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (set explicitly: see README gotcha)")
+    return p
+
+
+def setup(args: argparse.Namespace) -> tuple[torch.device, torch.dtype]:
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda but torch.cuda.is_available() is False")
+    return device, DTYPES[args.dtype]
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{platform.node()} · {cpu} · {os.cpu_count()} logical cores · {platform.system()} {platform.release()}"
+
+
+def header(title: str, args: argparse.Namespace, note: str = "") -> None:
+    device = args.device
+    if device.startswith("cuda") and torch.cuda.is_available():
+        device += f" ({torch.cuda.get_device_name()})"
+    print(f"\n=== {title} ===")
+    print(f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC} · machine {machine()}")
+    print(f"torch {torch.__version__} · python {platform.python_version()} · device {device} · dtype {args.dtype} · "
+          f"torch threads {torch.get_num_threads()}")
+    if note:
+        print(note)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def interleaved(fns: dict[str, Callable[[], object]], reps: int, device: torch.device, warmup: int = 1) -> dict:
+    """Median seconds per call of each fn, measured round-robin so that load from other processes hits every
+    contender alike (the ratios are what matters on a shared machine)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            sync(device)
+            t = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+# ---- peak memory ----
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
+    """Extra bytes at the peak while fn runs, over what was resident before: CUDA's allocator statistics, or on
+    CPU the process's resident-set high-water mark (reset through /proc/self/clear_refs). Run it in a fresh
+    process per measurement (see `in_subprocess`) so that no freed-but-cached memory hides allocations."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    base = _status_kb("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS
+    fn()
+    return (_status_kb("VmHWM") - base) * 1024
+
+
+def in_subprocess(script: str, argv: list[str]) -> str:
+    """Run `python script argv...` (a fresh process) and return its stdout; errors propagate."""
+    out = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, cwd=ROOT)
+    if out.returncode:
+        raise RuntimeError(f"{script} {' '.join(argv)} failed:\n{out.stderr[-2000:]}")
+    return out.stdout
+
+
+def mem_available() -> int:
+    """Bytes the OS can still give (MemAvailable), for skipping runs that would not fit."""
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) * 1024
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.3f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
+
+
+def fmt_t(s: float) -> str:
+    return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
