@@ -32,6 +32,7 @@ def _options(
 def _mount() -> None:
     # one line per room; a room registers its commands on `app` (or a sub-app)
     from phasekv.analysis import cli as analysis_cli
+    from phasekv.demo import cli as demo_cli
     from phasekv.eval import cli as eval_cli
     from phasekv.mitigate import cli as mitigate_cli
     from phasekv.model import cli as model_cli
@@ -41,6 +42,7 @@ def _mount() -> None:
 
     model_cli.register(app)
     report_cli.register(app)
+    demo_cli.register(app)
     app.add_typer(theory_cli.app, name="theory")
     app.add_typer(analysis_cli.app, name="analyze")
     app.add_typer(eval_cli.app, name="eval")

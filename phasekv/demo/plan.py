@@ -1,0 +1,56 @@
+"""What `phasekv demo` runs: the models, the training budget and the evaluation sizes (full and --quick)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DemoPlan:
+    mode: str  # "full" | "quick"
+    # --- models (paper names; tiny preset) ---
+    models: list[str] = field(default_factory=lambda: [
+        "Full attention · 1 KV", "W8/S8 · 1 KV", "W8/S4 · 1 KV", "W8/S8 · 1 KV · uniform averaging", "W6/S6 · 1 KV"])
+    preset: str = "tiny"
+    # --- training (phasekv train; the default synthetic associative-recall data) ---
+    steps: int = 1500  # optimizer steps per model
+    batch_size: int = 64  # sequences per step
+    seq_len: int = 80  # tokens per training sequence
+    lr: float = 3e-3
+    warmup: int = 100
+    ckpt_every: int = 250  # checkpoints make an interrupted demo resume mid-run
+    # --- lookup prompts (held out: adjacent records, demonstrations, no marker) ---
+    records: int = 16  # key-name records per prompt
+    demos: int = 2  # demonstrations before the target key
+    filler: int = 40  # filler tokens per prompt: records + filler span the position design
+    modulus: int = 24  # residue groups M (a multiple of every stride here: 4, 6, 8)
+    per_group: int = 576  # prompts per residue group (576 = 24^2: exact moment matching)
+    mappings: int = 32  # key-name mappings (bootstrap unit)
+    eval_batch: int = 64
+    # --- mechanism ---
+    ko_per_group: int = 96  # prompts per residue group for each knockout (sampled, moment-matched design)
+    n_cal: int = 256  # calibration prompts of the knockout means
+    gate_prompts: int = 256  # prompts whose windows the gate statistics pool
+    cycle_per_group: int = 96  # prompts per residue group for each gate cycle
+    deltas: list[int] = field(default_factory=lambda: [-3, -2, -1, 1, 2, 3])
+    n_boot: int = 1000
+    flip_lengths: int = 24  # filler lengths of the flip sweep (3 per phase at S = 8)
+    # --- theory ---
+    theory_quick: bool = True  # phasekv.theory.run_all(quick=...)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DemoPlan:
+        return cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}})
+
+
+def plan_for(quick: bool) -> DemoPlan:
+    """The full demo (the study at the tiny preset) or its ~2-minute smoke version (too short to train the
+    models to the point where the effects show; it exercises every stage and the report)."""
+    if not quick:
+        return DemoPlan(mode="full")
+    return DemoPlan(mode="quick", steps=30, warmup=10, ckpt_every=15, per_group=24, mappings=8, ko_per_group=24,
+                    n_cal=32, gate_prompts=32, cycle_per_group=24, deltas=[-1, 1], n_boot=200, flip_lengths=8)

@@ -1,0 +1,222 @@
+"""`phasekv demo`: the study end to end on a CPU, resumable, with progress, then the report.
+
+The work is a small graph of tasks (train each model; lookup under both paddings; flip; knockouts; gate
+statistics after the knockouts; gate cycling; theory checks; example prompts). A task whose outputs exist
+is skipped, so re-running continues where an interrupted demo stopped (training resumes from its latest
+checkpoint, evaluations from their partial results). Tasks run in `jobs` worker processes with one torch
+thread each; the longest ones are submitted first.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import platform
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from phasekv.demo import stages
+from phasekv.demo.plan import DemoPlan, plan_for
+from phasekv.errors import ConfigError, PhaseKVError
+from phasekv.model.config import ModelConfig
+from phasekv.report.layout import THEORY_CHECKS, Layout, done
+
+console = Console()
+
+
+@dataclass
+class Task:
+    name: str  # e.g. "train w8s8-1kv"
+    fn: Callable  # a function of phasekv.demo.stages (picklable: module level)
+    kwargs: dict
+    is_done: Callable[[], bool]  # outputs complete?
+    after: list[str] = field(default_factory=list)  # tasks that must finish first
+    steps: Callable[[], tuple[int, int]] | None = None  # (done, total) for a live progress bar
+
+
+def _last_step(run_dir: Path) -> int:
+    """Latest logged step of a training run (its metrics.jsonl tail)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - 4096))
+        lines = f.read().decode(errors="ignore").splitlines()
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line).get("step", 0))
+        except (json.JSONDecodeError, ValueError, AttributeError):
+            continue
+    return 0
+
+
+def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
+    lay, p = Layout(root), plan.to_dict()
+    cfgs = {ModelConfig.from_name(m, preset=plan.preset).alias: ModelConfig.from_name(m, preset=plan.preset)
+            for m in plan.models}
+    tasks = []
+    for alias in cfgs:
+        run = lay.run(alias)
+        tasks.append(Task(f"train {alias}", stages.train_model, {"plan": p, "arch": cfgs[alias].name, "run_dir": str(run)},
+                          lambda run=run: (run / "done.json").is_file(),
+                          steps=lambda run=run: (_last_step(run), plan.steps)))
+    tasks.append(Task("theory checks", stages.theory, {"plan": p, "out": str(lay.theory)},
+                      lambda: all((lay.theory / c / "summary.json").is_file() for c in THEORY_CHECKS)))
+    for alias, cfg in cfgs.items():
+        run, trained = str(lay.run(alias)), [f"train {alias}"]
+        for padding in ("prefix", "in-sequence"):
+            out = lay.lookup(padding, alias)
+            tasks.append(Task(f"lookup {padding} {alias}", stages.lookup,
+                              {"plan": p, "run_dir": run, "out": str(out), "padding": padding},
+                              lambda out=out: done(out), trained))
+        ko = lay.analysis("knockout", alias)
+        tasks.append(Task(f"knockout {alias}", stages.knockout, {"plan": p, "run_dir": run, "out": str(ko)},
+                          lambda ko=ko: done(ko), trained))
+        fl = lay.flip(alias)
+        tasks.append(Task(f"flip {alias}", stages.flip, {"plan": p, "run_dir": run, "out": str(fl)},
+                          lambda fl=fl: done(fl), trained))
+        if cfg.compressed:
+            g = lay.analysis("gates", alias)
+            tasks.append(Task(f"gates {alias}", stages.gates,
+                              {"plan": p, "run_dir": run, "out": str(g), "knockout_dir": str(ko)},
+                              lambda g=g: done(g), [*trained, f"knockout {alias}"]))
+        if cfg.compressed and cfg.window == cfg.stride and cfg.gate != "uniform":
+            c = lay.analysis("cycle", alias)
+            tasks.append(Task(f"cycle {alias}", stages.cycle, {"plan": p, "run_dir": run, "out": str(c)},
+                              lambda c=c: done(c), trained))
+    lookups = [t.name for t in tasks if t.name.startswith("lookup")]
+    tasks.append(Task("example prompts", stages.examples,
+                      {"plan": p, "root": str(root), "aliases": list(cfgs), "tokenizer_run": str(lay.run(next(iter(cfgs))))},
+                      lambda: lay.examples.is_file(), lookups))
+    return tasks
+
+
+def _manifest(root: Path, plan: DemoPlan, jobs: int) -> dict:
+    lay = Layout(root)
+    old = json.loads(lay.manifest.read_text()) if lay.manifest.is_file() else {}
+    if old and old.get("plan") != plan.to_dict():
+        raise ConfigError(f"{root} holds a {old.get('mode', 'different')} demo with other settings; "
+                          "use another --out (or delete it) to run this one")
+    import phasekv
+
+    models = {ModelConfig.from_name(m, preset=plan.preset).alias: {"name": ModelConfig.from_name(m).name}
+              for m in plan.models}
+    return {**old, "mode": plan.mode, "preset": plan.preset, "plan": plan.to_dict(), "models": models,
+            "version": phasekv.__version__, "threads": f"{jobs} worker process(es) × 1",
+            "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, torch {__import__('torch').__version__}",
+            "data": {"description": f"synthetic associative recall (phasekv's default training data), seq_len "
+                                    f"{plan.seq_len}, batch {plan.batch_size}, {plan.steps} steps per model; lookup "
+                                    f"prompts: {plan.records} records, {plan.demos} demonstrations, filler "
+                                    f"{plan.filler}, M = {plan.modulus}, {plan.per_group} prompts per residue group"},
+            "created": old.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _write_manifest(root: Path, manifest: dict) -> None:
+    path = Layout(root).manifest
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1, default=str))
+    tmp.replace(path)
+
+
+def run_tasks(tasks: list[Task], jobs: int, progress: bool, record: Callable[[str, float], None]) -> dict[str, str]:
+    """Run every unfinished task once its dependencies are done; returns {task: error} of failed tasks."""
+    finished = {t.name for t in tasks if t.is_done()}
+    failed: dict[str, str] = {}
+    todo = [t for t in tasks if t.name not in finished]
+    if finished:
+        console.print(f"[dim]resuming: {len(finished)} of {len(tasks)} tasks already done, skipped[/]")
+    cols = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    running: dict[Future, tuple[Task, int, float]] = {}
+    with Progress(*cols, console=console, disable=not progress, refresh_per_second=2) as bar, \
+            ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        overall = bar.add_task("[bold]demo tasks", total=len(tasks), completed=len(finished))
+        while todo or running:
+            blocked = {t.name for t in todo if any(d in failed for d in t.after)}
+            for name in blocked:
+                failed[name] = "skipped: a task it needs failed"
+            todo = [t for t in todo if t.name not in blocked]
+            ready = [t for t in todo if all(d in finished for d in t.after)]
+            while ready and len(running) < jobs:
+                t = ready.pop(0)
+                todo.remove(t)
+                total = t.steps()[1] if t.steps else 1
+                row = bar.add_task(t.name, total=total)
+                running[pool.submit(t.fn, **t.kwargs)] = (t, row, time.time())
+            if not running:
+                break
+            done_now, _ = wait(list(running), timeout=1.0, return_when=FIRST_COMPLETED)
+            for fut in done_now:
+                t, row, t0 = running.pop(fut)
+                bar.remove_task(row)
+                secs = time.time() - t0
+                try:
+                    fut.result()
+                except Exception as exc:  # a failed task is reported; independent tasks continue
+                    failed[t.name] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+                    console.print(f"[red]✗ {t.name}[/] ({secs:.0f} s): {failed[t.name]}")
+                    continue
+                finished.add(t.name)
+                record(t.name, secs)
+                bar.advance(overall)
+                console.print(f"[green]✓[/] {t.name} [dim]({secs:.0f} s)[/]")
+            for t, row, _ in running.values():
+                if t.steps:
+                    bar.update(row, completed=min(t.steps()[0], t.steps()[1]))
+    return failed
+
+
+def run_demo(out: str | os.PathLike = "demo", quick: bool = False, jobs: int | None = None,
+             progress: bool = True, report: bool = True) -> dict:
+    """Run (or resume) the demo into `out`, then render `out/report/index.html`; returns the manifest."""
+    from phasekv.report.render import render_report
+
+    root = Path(out)
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"--out {root} exists and is not a directory")
+    root.mkdir(parents=True, exist_ok=True)
+    plan = plan_for(quick)
+    jobs = jobs or min(2, os.cpu_count() or 1)
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    manifest = _manifest(root, plan, jobs)
+    _write_manifest(root, manifest)
+    tasks = build_tasks(root, plan)
+    console.print(f"[bold]phasekv demo[/] ({plan.mode}): {len(plan.models)} models at the {plan.preset} preset, "
+                  f"{plan.steps} steps each, {jobs} worker(s) -> {root}")
+    t0 = time.time()
+    timings = dict(manifest.get("tasks", {}))
+
+    def record(name: str, secs: float) -> None:
+        timings[name] = round(secs, 1)
+        _write_manifest(root, {**manifest, "tasks": timings})
+
+    failed = run_tasks(tasks, jobs, progress, record)
+    wall = time.time() - t0
+    if any(t.name not in manifest.get("tasks", {}) for t in tasks if t.name in timings):
+        runs = manifest.get("invocations", []) + [{"seconds": round(wall, 1), "tasks": len(timings)}]
+        manifest["invocations"] = runs
+    manifest.update(tasks=timings, failed=failed, seconds=round(sum(r["seconds"] for r in manifest.get("invocations", [])), 1))
+    _write_manifest(root, manifest)
+    if report:
+        t1 = time.time()
+        index = render_report(root, progress=progress)
+        console.print(f"[green]✓[/] report [dim]({time.time() - t1:.0f} s)[/]: {index}")
+    console.print(f"demo wall-clock: {wall / 60:.1f} min this run"
+                  + (f", {manifest['seconds'] / 60:.1f} min in all" if len(manifest.get("invocations", [])) > 1 else ""))
+    if failed:
+        raise PhaseKVError(f"{len(failed)} demo task(s) failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
+    return manifest

@@ -1,0 +1,142 @@
+"""The demo's units of work. Each runs in a worker process (one torch thread), calls the rooms' public
+Python entry points, and writes its outputs atomically into the study layout (`phasekv.report.layout`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from phasekv.demo.plan import DemoPlan
+from phasekv.report.layout import Layout
+
+
+def _setup() -> None:
+    torch.set_num_threads(1)  # two shared cores: one thread per worker process
+    import warnings
+
+    warnings.filterwarnings("ignore", message="per-group N=")  # the sampled design is chosen on purpose
+
+
+def _prompts(plan: DemoPlan, padding: str = "prefix", per_group: int | None = None):
+    """Lookup prompts; a per-group N that is not a multiple of M² keeps N (sampled, moment-matched design)."""
+    from phasekv.eval.prompts import lookup_config
+
+    n = per_group or plan.per_group
+    return lookup_config(records=plan.records, demos=plan.demos, padding=padding, filler=plan.filler,
+                         modulus=plan.modulus, per_group=n, keep_n=n % plan.modulus**2 != 0,
+                         mappings=plan.mappings, seed=0)
+
+
+def _load(run_dir: str):
+    from phasekv.eval.models import load
+
+    return load(run_dir, device="cpu")
+
+
+def train_model(plan: dict, arch: str, run_dir: str) -> dict:
+    """Train (or resume) one model; a run with no complete checkpoint restarts from scratch."""
+    _setup()
+    from phasekv.train import TrainConfig, train
+    from phasekv.train.checkpoint import latest_checkpoint
+
+    p = DemoPlan.from_dict(plan)
+    resume = latest_checkpoint(run_dir) is not None
+    if not resume and Path(run_dir).exists():
+        shutil.rmtree(run_dir)
+    cfg = TrainConfig(arch=arch, preset=p.preset, steps=p.steps, batch_size=p.batch_size, seq_len=p.seq_len, lr=p.lr,
+                      warmup=p.warmup, ckpt_every=p.ckpt_every, val_every=0, out=run_dir, threads=1, progress=False)
+    return train(cfg, resume=resume)
+
+
+def lookup(plan: dict, run_dir: str, out: str, padding: str) -> dict:
+    _setup()
+    from phasekv.eval.run import run_retrieval
+
+    p = DemoPlan.from_dict(plan)
+    return run_retrieval("lookup", _load(run_dir), _prompts(p, padding), out, batch_size=p.eval_batch, progress=False)
+
+
+def flip(plan: dict, run_dir: str, out: str) -> dict:
+    _setup()
+    from phasekv.eval.flip import FlipConfig, run_flip
+
+    p = DemoPlan.from_dict(plan)
+    return run_flip(_load(run_dir), FlipConfig(lengths=p.flip_lengths, records=p.records), out, progress=False)
+
+
+def knockout(plan: dict, run_dir: str, out: str) -> dict:
+    _setup()
+    from phasekv.analysis.knockout import analyze_knockout
+
+    p = DemoPlan.from_dict(plan)
+    cfg = _prompts(p, "prefix", p.ko_per_group)
+    return analyze_knockout(_load(run_dir), cfg, out, n_cal=p.n_cal, batch_size=p.eval_batch, progress=False)
+
+
+def gates(plan: dict, run_dir: str, out: str, knockout_dir: str) -> dict:
+    _setup()
+    from phasekv.analysis.gates import analyze_gates
+
+    p = DemoPlan.from_dict(plan)
+    ko = knockout_dir if (Path(knockout_dir) / "summary.json").is_file() else None
+    return analyze_gates(_load(run_dir), _prompts(p), out, n_prompts=p.gate_prompts, batch_size=p.eval_batch,
+                         knockout=ko, progress=False)
+
+
+def cycle(plan: dict, run_dir: str, out: str) -> dict:
+    _setup()
+    from phasekv.analysis.cycling import analyze_cycle
+
+    p = DemoPlan.from_dict(plan)
+    cfg = _prompts(p, "prefix", p.cycle_per_group)
+    return analyze_cycle([_load(run_dir)], cfg, out, deltas=p.deltas, batch_size=p.eval_batch, n_boot=p.n_boot,
+                         progress=False)
+
+
+def theory(plan: dict, out: str) -> dict:
+    _setup()
+    from phasekv.theory import run_all
+
+    return run_all(out, quick=DemoPlan.from_dict(plan).theory_quick, progress=False)
+
+
+def examples(plan: dict, root: str, aliases: list[str], tokenizer_run: str) -> dict:
+    """A few lookup prompts as words with the target key, its answer and the query marked, and what each
+    model answered on exactly that prompt (from the lookup results)."""
+    import pandas as pd
+
+    from phasekv.eval.prompts import RetrievalPrompts
+
+    p = DemoPlan.from_dict(plan)
+    lay = Layout(root)
+    tok = _load(tokenizer_run).tok
+    out = []
+    for padding, residue in (("prefix", 7), ("prefix", 3), ("in-sequence", 7)):
+        prompts = RetrievalPrompts(_prompts(p, padding), tok)
+        pid = residue * prompts.design.n_per_group
+        pr = prompts.prompt(pid)
+        b = len(tok.prefix)
+        answers = []
+        for alias in aliases:
+            res = lay.lookup(padding, alias) / "results.parquet"
+            if res.is_file():
+                row = pd.read_parquet(res).set_index("pid").loc[pid]
+                answers.append({"alias": alias, "pred": str(row["pred_word"]), "correct": bool(row["correct"]),
+                                "prob": float(row["prob"])})
+        phases = ", ".join(f"mod {s}: {pr.target_pos % s}" for s in (4, 6, 8))
+        out.append({
+            "title": f"{padding} padding · target key at position {pr.target_pos} (residue {pr.residue} of "
+                     f"{p.modulus}; {phases}) · answer '{pr.answer_word}' · query at position {pr.query_pos}",
+            "words": pr.words, "highlight": {"target": [pr.target_pos - b], "answer": [pr.target_pos - b + 1],
+                                             "query": [len(pr.words) - 1]},
+            "answers": answers,
+        })
+    path = lay.examples
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"examples": out}, indent=1))
+    tmp.replace(path)
+    return {"examples": len(out)}
