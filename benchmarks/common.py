@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -55,6 +56,7 @@ def header(title: str, args: argparse.Namespace, note: str = "") -> None:
     print(f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC} · machine {machine()}")
     print(f"torch {torch.__version__} · python {platform.python_version()} · device {device} · dtype {args.dtype} · "
           f"torch threads {torch.get_num_threads()}")
+    print(load_note())
     if note:
         print(note)
 
@@ -64,9 +66,15 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class Timing:
+    median: float  # seconds per call
+    best: float  # fastest call: the cost without preemption by other processes on a shared machine
+
+
 def interleaved(fns: dict[str, Callable[[], object]], reps: int, device: torch.device, warmup: int = 1) -> dict:
-    """Median seconds per call of each fn, measured round-robin so that load from other processes hits every
-    contender alike (the ratios are what matters on a shared machine)."""
+    """Timing of each fn, measured round-robin so that load from other processes hits every contender alike
+    (the ratios are what matters on a shared machine)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -78,7 +86,15 @@ def interleaved(fns: dict[str, Callable[[], object]], reps: int, device: torch.d
             fn()
             sync(device)
             times[name].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: Timing(statistics.median(v), min(v)) for k, v in times.items()}
+
+
+def load_note() -> str:
+    """The 1-minute load average against the core count: figures from a busy machine are noisier."""
+    try:
+        return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at start"
+    except OSError:
+        return ""
 
 
 # ---- peak memory ----

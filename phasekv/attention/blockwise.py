@@ -116,7 +116,8 @@ def flex_attention(
     if q.is_cuda:
         _compiled_flex = _compiled_flex or torch.compile(flex)
         run = _compiled_flex
-    mask = create_block_mask(mask_mod, None, None, T, n + T, device=q.device)
+    # compiled on CUDA: the mask is evaluated block by block instead of as a dense (T, n + T) tensor
+    mask = create_block_mask(mask_mod, None, None, T, n + T, device=q.device, _compile=q.is_cuda)
     keys = torch.cat([ek, k], 2)  # (B, n_kv, n + T, D)
     values = keys if (ev is ek and v is k) else torch.cat([ev, v], 2)
     return run(q, keys, values, block_mask=mask, enable_gqa=True)
