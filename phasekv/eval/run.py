@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from phasekv.eval.models import EvalModel, last_logits
 from phasekv.eval.prompts import Prompt, PromptConfig, RetrievalPrompts
 from phasekv.eval.stats import summarize
 from phasekv.eval.tokens import WordTokenizer
+from phasekv.model.io import atomic_write, atomic_write_text
 
 COLUMNS = ["pid", "residue", "target_pos", "query_pos", "target_index", "mapping", "answer", "answer_word",
            "pred", "pred_word", "correct", "prob", "protocol"]
@@ -131,7 +131,7 @@ def run_retrieval(task: str, em: EvalModel, cfg: PromptConfig, out: str | Path, 
         _barrier(world)
         return None
     rows = pd.concat([done, pd.DataFrame(gathered, columns=COLUMNS)], ignore_index=True)
-    rows = rows.drop_duplicates("pid").sort_values("pid").reset_index(drop=True)
+    rows = rows.drop_duplicates("pid").sort_values("pid").reset_index(drop=True).infer_objects()  # same dtypes resumed or not
     if len(rows) != len(prompts):
         raise ConfigError(f"{out}: {len(rows)} of {len(prompts)} prompts evaluated")
     summary = write_run(out, rows, task, em, cfg, prompts, stride, interval, time.time() - t0, world, extra or {})
@@ -169,29 +169,17 @@ def write_run(out: Path, rows: pd.DataFrame, task: str, em: EvalModel, cfg: Prom
 
 def _achieved_moments(rows: pd.DataFrame, modulus: int) -> dict:
     """Mean and variance of the evaluated target positions per group (verifies the design on the rows)."""
-    g = rows.groupby("residue")["target_pos"]
-    mean, var = g.mean().reindex(range(modulus)), g.var(ddof=0).reindex(range(modulus))
+    g = rows.astype({"target_pos": "float64"}).groupby("residue")["target_pos"]
+    var = g.agg(lambda x: float(np.var(x.to_numpy())))  # two-pass: exact for matched designs, whatever the dtype
+    mean, var = g.mean().reindex(range(modulus)), var.reindex(range(modulus))
     return {"mean": mean.tolist(), "var": var.tolist(), "mean_spread": float(mean.max() - mean.min()),
             "var_spread": float(var.max() - var.min()), "query_positions": sorted(set(rows["query_pos"].tolist()))}
 
 
 def versions() -> dict:
-    import phasekv
+    from phasekv.provenance import versions as provenance
 
-    v = {"phasekv": phasekv.__version__, "torch": torch.__version__, "numpy": np.__version__}
-    try:
-        import transformers
-
-        v["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    try:
-        root = Path(__file__).resolve().parents[2]
-        v["git"] = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                  text=True, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        v["git"] = None
-    return v
+    return provenance("transformers")
 
 
 def _json_default(o):
@@ -225,15 +213,11 @@ def _flush(part: Path, rank: int, rows: list[dict]) -> None:
 
 
 def _atomic_parquet(path: Path, df: pd.DataFrame) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
 
 
 def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, text)
 
 
 def _dist_init(device: torch.device) -> tuple[int, int]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,11 +288,9 @@ def _progress(enabled: bool):
 
 
 def _versions() -> dict:
-    import tokenizers
+    from phasekv.provenance import versions
 
-    from phasekv.eval.run import versions  # the one provenance record (phasekv, torch, git revision, ...)
-
-    return {**versions(), "tokenizers": tokenizers.__version__, "python": platform.python_version()}
+    return versions("tokenizers")
 
 
 # ---- the loop -------------------------------------------------------------------------------------
