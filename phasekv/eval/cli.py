@@ -60,6 +60,9 @@ def lookup(
     demos: int = typer.Option(8, help="Demonstrations before the target key."),
     filler: int = typer.Option(48, help="Filler tokens per prompt (fixed, so the query position is fixed)."),
     mappings: int = typer.Option(32, help="Key-name mappings (bootstrap unit), each used at every residue."),
+    n_keys: int = typer.Option(None, "--n-keys", help="Use only the first N animal keys (0 = all; default: what a "
+                               "phasekv recall run was trained on, else all)."),
+    n_values: int = typer.Option(None, "--n-values", help="Use only the first N names (0 = all; default as --n-keys)."),
     seed: int = typer.Option(0, help="Seed of mappings, positions and filler."),
     stride: int = typer.Option(None, help="Stride S for the period tests (default: the model's)."),
     interval: str = typer.Option("bootstrap", help="Per-group intervals: bootstrap (over mappings) or wilson."),
@@ -75,9 +78,12 @@ def lookup(
     from phasekv.eval.prompts import lookup_config
     from phasekv.eval.run import run_retrieval
 
-    cfg = lookup_config(records=records, demos=demos, padding=padding, filler=filler, modulus=modulus,
-                        per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed)
     em = _load(model, device, trust_remote_code, tokenizer)
+    trained = em.info.get("recall") or {}
+    cfg = lookup_config(records=records, demos=demos, padding=padding, filler=filler, modulus=modulus,
+                        per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed,
+                        n_keys=trained.get("n_keys", 0) if n_keys is None else n_keys,
+                        n_values=trained.get("n_values", 0) if n_values is None else n_values)
     _check_stride(stride, modulus)
     if ensemble != 1:
         from phasekv.mitigate.ensemble import phase_ensemble

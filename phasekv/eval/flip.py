@@ -104,12 +104,23 @@ def candidate_logprobs(model: torch.nn.Module, ids: list[int], cands: list[list[
 
 
 def follow_pattern(winners: list[int], lengths: list[int], stride: int) -> tuple[int, dict]:
-    """Rankings whose winner is the majority winner of their phase L mod S, and that majority per phase."""
+    """Rankings that follow a pattern in L mod S: the winner is the strict plurality winner of the OTHER
+    lengths of the same phase (leave-one-out, so a phase seen once cannot count), and the plurality winner
+    per phase over all its lengths."""
     phases: dict[int, list[int]] = {}
     for w, L in zip(winners, lengths, strict=True):
         phases.setdefault(L % stride, []).append(w)
-    major = {ph: max(set(ws), key=ws.count) for ph, ws in phases.items()}
-    return sum(w == major[L % stride] for w, L in zip(winners, lengths, strict=True)), major
+
+    def plurality(ws: list[int]) -> int | None:
+        counts = sorted(((ws.count(c), c) for c in set(ws)), reverse=True)
+        return counts[0][1] if counts and (len(counts) == 1 or counts[0][0] > counts[1][0]) else None
+
+    follow = 0
+    for w, L in zip(winners, lengths, strict=True):
+        others = list(phases[L % stride])
+        others.remove(w)
+        follow += plurality(others) == w
+    return follow, {ph: plurality(ws) for ph, ws in phases.items()}
 
 
 def run_flip(em: EvalModel, cfg: FlipConfig, out: str | Path, stride: int | None = None,
@@ -153,7 +164,8 @@ def run_flip(em: EvalModel, cfg: FlipConfig, out: str | Path, stride: int | None
         entry = {"winners": [cands[w] for w in winners], "wins": {c: winners.count(i) for i, c in enumerate(cands)}}
         if stride:
             n, major = follow_pattern(winners, d["length"].tolist(), stride)
-            entry.update(follow=n, majority_by_phase={str(k): cands[v] for k, v in sorted(major.items())})
+            entry.update(follow=n, majority_by_phase={str(k): None if v is None else cands[v]
+                                                      for k, v in sorted(major.items())})
         fams[fam] = entry
     total = len(seqs) * len(lengths)
     follow = sum(f.get("follow", 0) for f in fams.values()) if stride else None
@@ -161,7 +173,10 @@ def run_flip(em: EvalModel, cfg: FlipConfig, out: str | Path, stride: int | None
         "task": "flip", "model": em.name, "model_kind": em.kind, "stride": stride, "prompt": prompt,
         "candidates": cands, "families": fams, "skipped_families": skipped,
         "rankings": total, "follow_pattern": follow,
-        "switching": bool(stride) and any(len(set(f["majority_by_phase"].values())) > 1 for f in fams.values()),
+        "switching": bool(stride) and any(len(set(f["majority_by_phase"].values()) - {None}) > 1
+                                          for f in fams.values()),
+        "note": None if not stride or cfg.lengths >= 2 * stride else
+        f"{cfg.lengths} lengths give fewer than two per phase of S={stride}: no ranking can follow a pattern",
         "provenance": {"config": cfg.to_dict(), "model_info": em.info, "tokenizer": tok.name,
                        "seconds": round(time.time() - t0, 2), "versions": versions()},
     }

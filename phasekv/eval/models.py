@@ -7,6 +7,7 @@ Hugging Face models are asked for the last position's logits only.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,9 +76,20 @@ def _load_phasekv(path: Path, weights: Path, device, tokenizer) -> EvalModel:
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     cfg = model.config
-    info = {"path": str(path), "weights": str(weights), "config": cfg.to_dict(), "tokenizer": str(tokenizer or "run")}
+    info = {"path": str(path), "weights": str(weights), "config": cfg.to_dict(), "tokenizer": str(tokenizer or "run"),
+            "recall": _run_recall(path)}
     return EvalModel(model, WordTokenizer(tok, str(tokenizer or path)), cfg.name, "phasekv",
                      cfg.stride if cfg.compressed else None, info)
+
+
+def _run_recall(path: Path) -> dict | None:
+    """The recall-data settings a phasekv training run was trained on (word lists, n_keys, ...), if any."""
+    try:
+        train = json.loads((path / "config.json").read_text()).get("train") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    data = train.get("data") if isinstance(train, dict) else None
+    return data.get("recall") if isinstance(data, dict) and data.get("data") == "recall" else None
 
 
 def _load_hf(path: Path, device, trust_remote_code: bool, tokenizer) -> EvalModel:

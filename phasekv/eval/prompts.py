@@ -46,6 +46,8 @@ class PromptConfig:
     keys: str = "animals"  # word lists (phasekv/data/words)
     values: str = "names"
     filler_words: str = "filler"
+    n_keys: int = 0  # use only the first n words of the key list (0 = all; match a run trained on fewer)
+    n_values: int = 0  # same for the value list
 
     def __post_init__(self):
         if self.padding not in PADDINGS:
@@ -88,8 +90,8 @@ class RetrievalPrompts:
     def __init__(self, cfg: PromptConfig, tok: WordTokenizer):
         self.cfg, self.tok = cfg, tok
         need_keys = cfg.records if cfg.key_tokens == 1 else int(np.ceil(np.sqrt(cfg.records * 2)))
-        self.keys, _ = tok.single_tokens(word_list(cfg.keys), "key", max(need_keys, 2))
-        self.values, _ = tok.single_tokens(word_list(cfg.values), "value", 2)
+        self.keys, _ = tok.single_tokens(word_list(cfg.keys)[: cfg.n_keys or None], "key", max(need_keys, 2))
+        self.values, _ = tok.single_tokens(word_list(cfg.values)[: cfg.n_values or None], "value", 2)
         self.filler, _ = tok.single_tokens(word_list(cfg.filler_words), "filler", 1)
         if cfg.key_tokens == 2 and len(self.keys) ** 2 < cfg.records:
             raise ConfigError(f"{cfg.records} records need distinct two-word keys; only {len(self.keys)} keys")
