@@ -172,7 +172,7 @@ def gate_plane_figure(study: Study, colors: dict[str, str]) -> dict | None:
         m = study.models[alias]
         if m.gate == "uniform" or stage.results is None or "static" not in stage.results:
             continue
-        widths.add(m.window if m.window == m.stride else m.stride)
+        widths.add(m.window)  # offset-level effective numbers lie in [1, W]
         meta = _meta(alias, colors[alias])
         path = tables.gate_path(m)
         if path is not None:

@@ -160,7 +160,7 @@ def gate_plane_png(study: Study, colors: dict, path: Path) -> Path | None:
                 ax.plot(g.static.iloc[0], g.per_window.iloc[0], "o", mfc="none", color=colors[alias], ms=5)
         pts = tables.gate_points(stage)
         ax.plot(pts.static, pts.per_window, "o", color=colors[alias], ms=7, label=m.name)
-        ax.axvline(m.window if m.window == m.stride else m.stride, color="grey", ls=":", lw=0.8)
+        ax.axvline(m.window, color="grey", ls=":", lw=0.8)
     ax.plot([1, top], [1, top], color="grey", ls="--", lw=0.8)
     ax.set_xlim(0.8, top + 0.3)
     ax.set_ylim(0.8, top + 0.3)

@@ -157,10 +157,18 @@ def section_lookup(b: Builder) -> None:
     b.add("lookup", "Lookup accuracy by residue", body)
 
 
-def _prompt_html(ex: dict) -> str:
+def _prompt_html(ex: dict, study: Study) -> str:
     marks = {i: cls for cls, idx in ex.get("highlight", {}).items() for i in idx}
     words = [f'<mark class="{marks[i]}">{esc(w)}</mark>' if i in marks else esc(w) for i, w in enumerate(ex["words"])]
-    return f'<p>{esc(ex.get("title", ""))}</p><div class="prompt">{" ".join(words)}</div>'
+    out = f'<p>{esc(ex.get("title", ""))}</p><div class="prompt">{" ".join(words)}</div>'
+    answers = ex.get("answers", [])
+    if answers:
+        rows = [[esc(study.models[a["alias"]].name if a["alias"] in study.models else a["alias"]),
+                 f"<code>{esc(a['pred'])}</code>", '<span class="pass">right</span>' if a["correct"]
+                 else '<span class="fail">wrong</span>', fmt(100 * a["prob"])]
+                for a in answers]
+        out += html.table(["model", "top-1 answer", "", "P(right name) %"], rows, [a["alias"] for a in answers])
+    return out
 
 
 def section_examples(b: Builder) -> None:
@@ -171,7 +179,7 @@ def section_examples(b: Builder) -> None:
     body = ('<p>Words as the model sees them (one token each). <mark class="target" style="background:#ffd54f">'
             'target key</mark>, <mark class="answer" style="background:#a5d6a7">answer</mark>, '
             '<mark class="query" style="background:#90caf9">query</mark>.</p>')
-    body += "".join(_prompt_html(ex) for ex in exs)
+    body += "".join(_prompt_html(ex, b.study) for ex in exs)
     b.add("examples", "Example prompts", body)
 
 
@@ -226,9 +234,9 @@ def section_gates(b: Builder) -> None:
                  "(open circle). Uniform averaging has no gate and is omitted.", png)
     rows = []
     for alias, st in study.analyses.get("gates", {}).items():
-        if st.results is None or "static" not in st.results:
-            continue
         m = study.models[alias]
+        if st.results is None or "static" not in st.results or m.gate == "uniform":
+            continue
         for r in tables.gate_points(st).itertuples():
             rows.append([esc(m.name), fmt(int(r.layer)), fmt(int(r.kv_head)), fmt(r.static, 2), fmt(r.per_window, 2)])
     body += html.table(["model", "layer", "KV head", "static (key)", "per-window (key)"], rows)

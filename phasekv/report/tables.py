@@ -46,7 +46,7 @@ def run_table(study: Study) -> pd.DataFrame:
         r = m.run
         rows.append({
             "model": m.name, "alias": alias, "preset": r.get("preset"), "steps": r.get("steps"),
-            "tokens": r.get("tokens"), "seed": r.get("seed"), "seconds": r.get("seconds", r.get("elapsed")),
+            "tokens": r.get("tokens"), "seed": r.get("seed"), "seconds": r.get("elapsed_s", r.get("seconds")),
             "val_loss": val_loss(m),
         })
     return pd.DataFrame(rows)

@@ -1,0 +1,72 @@
+"""The demo's task graph: dependencies, skipping finished work, failures, and the --quick run (slow)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from phasekv.demo.plan import plan_for
+from phasekv.demo.runner import Task, build_tasks, run_tasks
+from phasekv.errors import ConfigError
+
+
+def _touch(path: str, fail: bool = False) -> str:
+    if fail:
+        raise ValueError(f"planted failure in {path}")
+    Path(path).write_text("done")
+    return path
+
+
+def test_task_graph_covers_every_stage(tmp_path):
+    tasks = {t.name: t for t in build_tasks(tmp_path, plan_for(quick=True))}
+    models = ["full-1kv", "w8s8-1kv", "w8s4-1kv", "w8s8-1kv-uniform", "w6s6-1kv"]
+    for m in models:
+        assert f"train {m}" in tasks
+        for stage in ("lookup prefix", "lookup in-sequence", "knockout", "flip"):
+            assert tasks[f"{stage} {m}"].after == [f"train {m}"]
+    # gates after the knockouts (the alignment panel); cycling only for W = S models with learned gates
+    assert tasks["gates w8s8-1kv"].after == ["train w8s8-1kv", "knockout w8s8-1kv"]
+    assert "gates full-1kv" not in tasks
+    assert {n for n in tasks if n.startswith("cycle")} == {"cycle w8s8-1kv", "cycle w6s6-1kv"}
+    assert "theory checks" in tasks and "example prompts" in tasks
+    assert all(not t.is_done() for t in tasks.values())
+
+
+def test_run_tasks_skips_done_and_blocks_dependents(tmp_path):
+    a, b, c, d = (str(tmp_path / x) for x in "abcd")
+    Path(a).write_text("done")  # already finished: must not run again
+    tasks = [
+        Task("a", _touch, {"path": a, "fail": True}, lambda: Path(a).exists()),
+        Task("b", _touch, {"path": b}, lambda: Path(b).exists(), after=["a"]),
+        Task("c", _touch, {"path": c, "fail": True}, lambda: Path(c).exists()),
+        Task("d", _touch, {"path": d}, lambda: Path(d).exists(), after=["c"]),
+    ]
+    timings = {}
+    failed = run_tasks(tasks, jobs=2, progress=False, record=lambda n, s: timings.__setitem__(n, s))
+    assert Path(b).exists() and not Path(d).exists()
+    assert set(timings) == {"b"}
+    assert "planted failure" in failed["c"] and "needs failed" in failed["d"]
+
+
+def test_other_settings_in_same_dir_is_an_error(tmp_path):
+    from phasekv.demo.runner import _manifest, _write_manifest
+
+    _write_manifest(tmp_path, _manifest(tmp_path, plan_for(quick=True), 2))
+    with pytest.raises(ConfigError, match="other settings"):
+        _manifest(tmp_path, plan_for(quick=False), 2)
+
+
+@pytest.mark.slow
+def test_quick_demo_end_to_end(tmp_path):
+    """`phasekv demo --quick` writes every stage's outputs and the report; a re-run skips everything."""
+    from phasekv.demo import run_demo
+
+    run_demo(tmp_path, quick=True, progress=False)
+    html = (tmp_path / "report" / "index.html").read_text()
+    for section in ("verdicts", "lookup", "flip", "knockout", "gates", "alignment", "cycling", "theory"):
+        assert f'<section id="{section}">' in html
+    assert "No lookup evaluation" not in html and "No knockouts" not in html
+    first = json.loads((tmp_path / "demo.json").read_text())
+    assert not first["failed"]
+    again = run_demo(tmp_path, quick=True, progress=False)
+    assert again["tasks"] == first["tasks"]  # nothing re-ran
