@@ -7,7 +7,8 @@ One sequence (word-level tokenizer, one token per word):
 Records pair a key (an animal) with a value (a given name); keys and values are distinct within a
 sequence. A random filler prefix (0..max_prefix-1 tokens, 24 = every residue mod 24) and random filler
 gaps move the records over every phase of every stride. After the marker `?` the queries repeat
-stored keys in random order, and the loss is only on the value that follows a queried key.
+stored keys in random order, each at least `min_distance` (16) tokens after its record, beyond the local
+window of exact tokens, and the loss is only on the value that follows a queried key.
 The held-out lookup evaluation uses another layout (64 adjacent records, 8 demonstrations, one target,
 no marker), so it is never trained on verbatim.
 """
@@ -41,13 +42,15 @@ class RecallConfig:
     n_keys: int = 0  # use only the first n keys (0 = the whole list)
     n_values: int = 0  # use only the first n values (0 = the whole list)
     marker: str = "?"  # token between the records and the queries
+    min_distance: int = 16  # a query is at least this many tokens after its record's key, i.e. beyond the
+    #                         default local window of 16 exact tokens: answers must come from compressed memory
 
     def __post_init__(self):
         if not 1 <= self.min_records <= self.max_records:
             raise ConfigError(f"recall records: need 1 <= min_records <= max_records, got {self.min_records}, {self.max_records}")
-        if self.max_prefix < 1 or self.max_gap < 1 or not 0 <= self.gap_prob <= 1:
-            raise ConfigError("recall: max_prefix and max_gap must be >= 1 and gap_prob in [0, 1]")
-        need = 1 + (self.max_prefix - 1) + self.min_records * (2 + self.max_gap) + 1 + 2
+        if self.max_prefix < 1 or self.max_gap < 1 or not 0 <= self.gap_prob <= 1 or self.min_distance < 0:
+            raise ConfigError("recall: max_prefix and max_gap must be >= 1, min_distance >= 0, gap_prob in [0, 1]")
+        need = 1 + (self.max_prefix - 1) + max(self.min_records * (2 + self.max_gap) + 1, self.min_distance) + 2
         if self.seq_len < need:
             raise ConfigError(f"recall seq_len={self.seq_len} is too short for min_records={self.min_records} "
                               f"and max_prefix={self.max_prefix} (need >= {need})")
@@ -129,8 +132,17 @@ class RecallStream:
             gap()
         put(self.marker)
         n = len(key_pos)
-        for r in rng.permutation(n):
+        if n and key_pos[0] + c.min_distance > len(ids):  # few records: filler, so the first one is far enough
+            filler(key_pos[0] + c.min_distance - len(ids))
+        queue, deferred = list(rng.permutation(n)), set()
+        while queue:
+            r = queue.pop(0)
             k, v = self.keys[keys[r]], self.values[vals[r]]
+            if len(ids) - key_pos[r] < c.min_distance:  # still in the local window: ask it later, or never
+                if r not in deferred:
+                    deferred.add(r)
+                    queue.append(r)
+                continue
             if len(ids) + len(k) + len(v) > c.seq_len:
                 continue  # a shorter record may still fit
             put(k)

@@ -31,6 +31,7 @@ def test_layout_and_labels():
             assert key in animals and value in names and words[q + 1] == value
             p = ex.answer_pos[q]  # the stored record: the same key, directly followed by its value
             assert p < q and words[p] == key and words[p + 1] == value
+            assert q - p >= 16  # beyond the local window: only compressed memory can answer
         marker = words.index("?")
         assert all(q > marker for q in qs) and all(ex.answer_pos[q] < marker for q in qs)
 
