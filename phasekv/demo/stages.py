@@ -20,14 +20,17 @@ def _setup() -> None:
     warnings.filterwarnings("ignore", message="per-group N=")  # the sampled design is chosen on purpose
 
 
-def _prompts(plan: DemoPlan, padding: str = "prefix", per_group: int | None = None):
-    """Lookup prompts; a per-group N that is not a multiple of M² keeps N (sampled, moment-matched design)."""
+def _prompts(plan: DemoPlan, em, padding: str = "prefix", per_group: int | None = None):
+    """Lookup prompts over the key/name lists the model was trained on; a per-group N that is not a
+    multiple of M² is kept (sampled, moment-matched design)."""
     from phasekv.eval.prompts import lookup_config
 
     n = per_group or plan.per_group
+    trained = em.info.get("recall") or {}
     return lookup_config(records=plan.records, demos=plan.demos, padding=padding, filler=plan.filler,
                          modulus=plan.modulus, per_group=n, keep_n=n % plan.modulus**2 != 0,
-                         mappings=plan.mappings, seed=0)
+                         mappings=plan.mappings, seed=0, n_keys=trained.get("n_keys", 0),
+                         n_values=trained.get("n_values", 0))
 
 
 def _load(run_dir: str):
@@ -47,7 +50,8 @@ def train_model(plan: dict, arch: str, run_dir: str) -> dict:
     if not resume and Path(run_dir).exists():
         shutil.rmtree(run_dir)
     cfg = TrainConfig(arch=arch, preset=p.preset, steps=p.steps, batch_size=p.batch_size, seq_len=p.seq_len, lr=p.lr,
-                      warmup=p.warmup, ckpt_every=p.ckpt_every, val_every=0, out=run_dir, threads=1, progress=False)
+                      warmup=p.warmup, ckpt_every=p.ckpt_every, val_every=0, out=run_dir, threads=1, progress=False,
+                      data={"data": "recall", "recall": dict(p.recall)})
     return train(cfg, resume=resume)
 
 
@@ -55,34 +59,43 @@ def lookup(plan: dict, run_dir: str, out: str, padding: str) -> dict:
     _setup()
     from phasekv.eval.run import run_retrieval
 
-    p = DemoPlan.from_dict(plan)
-    return run_retrieval("lookup", _load(run_dir), _prompts(p, padding), out, batch_size=p.eval_batch, progress=False)
+    p, em = DemoPlan.from_dict(plan), _load(run_dir)
+    return run_retrieval("lookup", em, _prompts(p, em, padding), out, batch_size=p.eval_batch, progress=False)
 
 
 def flip(plan: dict, run_dir: str, out: str) -> dict:
     _setup()
     from phasekv.eval.flip import FlipConfig, run_flip
+    from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
 
-    p = DemoPlan.from_dict(plan)
-    return run_flip(_load(run_dir), FlipConfig(lengths=p.flip_lengths, records=p.records), out, progress=False)
+    p, em = DemoPlan.from_dict(plan), _load(run_dir)
+    # the flip test's lookup-style prompt, over the key/name lists the model was trained on
+    trained = em.info.get("recall") or {}
+    cfg = PromptConfig(records=p.records, demos=p.demos, modulus=1, per_group=1, filler=1, mappings=1, seed=0,
+                       n_keys=trained.get("n_keys", 0), n_values=trained.get("n_values", 0))
+    ps = RetrievalPrompts(cfg, em.tok)
+    words, _, _, answer = ps.words(0)
+    wrong = next(v for v in ps.mapping(0)[1] if v != answer)
+    fc = FlipConfig(prompt=" ".join(words), candidates=[" " + answer, " " + wrong], lengths=p.flip_lengths)
+    return run_flip(em, fc, out, progress=False)
 
 
 def knockout(plan: dict, run_dir: str, out: str) -> dict:
     _setup()
     from phasekv.analysis.knockout import analyze_knockout
 
-    p = DemoPlan.from_dict(plan)
-    cfg = _prompts(p, "prefix", p.ko_per_group)
-    return analyze_knockout(_load(run_dir), cfg, out, n_cal=p.n_cal, batch_size=p.eval_batch, progress=False)
+    p, em = DemoPlan.from_dict(plan), _load(run_dir)
+    cfg = _prompts(p, em, "prefix", p.ko_per_group)
+    return analyze_knockout(em, cfg, out, n_cal=p.n_cal, batch_size=p.eval_batch, progress=False)
 
 
 def gates(plan: dict, run_dir: str, out: str, knockout_dir: str) -> dict:
     _setup()
     from phasekv.analysis.gates import analyze_gates
 
-    p = DemoPlan.from_dict(plan)
+    p, em = DemoPlan.from_dict(plan), _load(run_dir)
     ko = knockout_dir if (Path(knockout_dir) / "summary.json").is_file() else None
-    return analyze_gates(_load(run_dir), _prompts(p), out, n_prompts=p.gate_prompts, batch_size=p.eval_batch,
+    return analyze_gates(em, _prompts(p, em), out, n_prompts=p.gate_prompts, batch_size=p.eval_batch,
                          knockout=ko, progress=False)
 
 
@@ -90,9 +103,9 @@ def cycle(plan: dict, run_dir: str, out: str) -> dict:
     _setup()
     from phasekv.analysis.cycling import analyze_cycle
 
-    p = DemoPlan.from_dict(plan)
-    cfg = _prompts(p, "prefix", p.cycle_per_group)
-    return analyze_cycle([_load(run_dir)], cfg, out, deltas=p.deltas, batch_size=p.eval_batch, n_boot=p.n_boot,
+    p, em = DemoPlan.from_dict(plan), _load(run_dir)
+    cfg = _prompts(p, em, "prefix", p.cycle_per_group)
+    return analyze_cycle([em], cfg, out, deltas=p.deltas, batch_size=p.eval_batch, n_boot=p.n_boot,
                          progress=False)
 
 
@@ -112,10 +125,11 @@ def examples(plan: dict, root: str, aliases: list[str], tokenizer_run: str) -> d
 
     p = DemoPlan.from_dict(plan)
     lay = Layout(root)
-    tok = _load(tokenizer_run).tok
+    em = _load(tokenizer_run)
+    tok = em.tok
     out = []
     for padding, residue in (("prefix", 7), ("prefix", 3), ("in-sequence", 7)):
-        prompts = RetrievalPrompts(_prompts(p, padding), tok)
+        prompts = RetrievalPrompts(_prompts(p, em, padding), tok)
         pid = residue * prompts.design.n_per_group
         pr = prompts.prompt(pid)
         b = len(tok.prefix)
