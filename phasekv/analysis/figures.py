@@ -38,7 +38,9 @@ def _matrix(table: pd.DataFrame, grouping: str, value: str = "rel_change") -> tu
 
 def knockout_map(table: pd.DataFrame, path: Path, title: str) -> None:
     """Rows: knockout units; columns: positions mod M and (if present) folded mod S; clipped at +-100%."""
-    panels = [g for g in ("residue", "phase") if (table["grouping"] == g).any()]
+    mods = {g: int(table.loc[table["grouping"] == g, "modulus"].iloc[0]) for g in ("residue", "phase")
+            if (table["grouping"] == g).any()}
+    panels = [g for g in mods if g == "residue" or mods[g] < mods["residue"]]  # no fold when M = S
     mats = [_matrix(table, g) for g in panels]
     n_rows = len(mats[0][1])
     widths = [len(m[2]) for m in mats]
@@ -47,7 +49,7 @@ def knockout_map(table: pd.DataFrame, path: Path, title: str) -> None:
                              gridspec_kw={"width_ratios": widths}, squeeze=False)
     im = None
     for ax, (mat, units, groups), name in zip(axes[0], mats, panels, strict=True):
-        mod = int(table.loc[table["grouping"] == name, "modulus"].iloc[0])
+        mod = mods[name]
         im = ax.imshow(np.clip(100 * mat, -100, 100), cmap=KO_CMAP, vmin=-100, vmax=100, aspect="auto")
         ax.set_xticks(range(len(groups)), [str(g) for g in groups], fontsize=7)
         ax.set_yticks(range(len(units)), units, fontsize=7)
@@ -55,6 +57,8 @@ def knockout_map(table: pd.DataFrame, path: Path, title: str) -> None:
         for (i, j) in zip(*np.nonzero(np.isnan(mat)), strict=True):
             ax.text(j, i, "·", ha="center", va="center", color="gray")
     fig.colorbar(im, ax=axes[0].tolist(), label="accuracy change relative to clean (%)", shrink=0.8)
+    if any(np.isnan(m[0]).any() for m in mats):
+        title += "  (·: clean accuracy 0, change undefined)"
     fig.suptitle(title, fontsize=9, y=1.0 + 0.2 / fig.get_figheight())
     save(fig, path)
 
