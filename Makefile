@@ -16,7 +16,7 @@ $(BIN)/phasekv: pyproject.toml
 setup: $(BIN)/phasekv
 
 demo: setup
-	$(BIN)/phasekv smoke $(DEMO_ARGS)
+	$(BIN)/phasekv demo --out demo_out $(DEMO_ARGS)
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -10,7 +10,7 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command()
     def demo(
-        out: Path = typer.Option(Path("demo"), "--out", "-o", help="Study directory (runs, results, report)."),
+        out: Path = typer.Option(Path("demo_out"), "--out", "-o", help="Study directory (runs, results, report)."),
         quick: bool = typer.Option(False, "--quick", help="~2-minute smoke version: every stage, tiny budgets "
                                    "(too short for the effects to show)."),
         jobs: int = typer.Option(None, help="Worker processes (default: 2, or 1 on a 1-core machine)."),

@@ -179,7 +179,7 @@ def run_tasks(tasks: list[Task], jobs: int, progress: bool, record: Callable[[st
     return failed
 
 
-def run_demo(out: str | os.PathLike = "demo", quick: bool = False, jobs: int | None = None,
+def run_demo(out: str | os.PathLike = "demo_out", quick: bool = False, jobs: int | None = None,
              progress: bool = True, report: bool = True) -> dict:
     """Run (or resume) the demo into `out`, then render `out/report/index.html`; returns the manifest."""
     from phasekv.report.render import render_report
