@@ -45,15 +45,20 @@ class PositionDesign:
 
     def moments(self) -> dict:
         """Achieved per-group mean/variance of target positions and their spread across groups."""
-        means = np.array([p.mean() for p in self.positions])
-        vars_ = np.array([p.var() for p in self.positions])
-        return {
-            "group_mean": means.tolist(),
-            "group_var": vars_.tolist(),
-            "mean_spread": float(means.max() - means.min()),
-            "var_spread": float(vars_.max() - vars_.min()),
-            "exact": self.exact,
-        }
+        return {**group_moments(self.positions), "exact": self.exact}
+
+
+def group_moments(groups) -> dict:
+    """Per-group mean and variance of integer positions, in exact integer arithmetic (equal moments compare
+    equal), and their spread (max - min) across groups."""
+    mean, var = [], []
+    for g in groups:
+        t = [int(x) for x in g]
+        n, s1, s2 = len(t), sum(t), sum(x * x for x in t)
+        mean.append(s1 / n)
+        var.append((n * s2 - s1 * s1) / (n * n))
+    return {"group_mean": mean, "group_var": var, "mean_spread": max(mean) - min(mean),
+            "var_spread": max(var) - min(var)}
 
 
 def exact_unit(modulus: int) -> int:

@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from phasekv.errors import ConfigError
+from phasekv.eval.design import group_moments
 from phasekv.eval.models import EvalModel, last_logits
 from phasekv.eval.prompts import Prompt, PromptConfig, RetrievalPrompts
 from phasekv.eval.stats import summarize
@@ -168,12 +169,9 @@ def write_run(out: Path, rows: pd.DataFrame, task: str, em: EvalModel, cfg: Prom
 
 
 def _achieved_moments(rows: pd.DataFrame, modulus: int) -> dict:
-    """Mean and variance of the evaluated target positions per group (verifies the design on the rows)."""
-    g = rows.astype({"target_pos": "float64"}).groupby("residue")["target_pos"]
-    var = g.agg(lambda x: float(np.var(x.to_numpy())))  # two-pass: exact for matched designs, whatever the dtype
-    mean, var = g.mean().reindex(range(modulus)), var.reindex(range(modulus))
-    return {"mean": mean.tolist(), "var": var.tolist(), "mean_spread": float(mean.max() - mean.min()),
-            "var_spread": float(var.max() - var.min()), "query_positions": sorted(set(rows["query_pos"].tolist()))}
+    """Moments of the target positions actually scored (verifies the design on the rows)."""
+    groups = [rows.loc[rows["residue"] == r, "target_pos"].tolist() for r in range(modulus)]
+    return {**group_moments(groups), "query_positions": sorted(set(rows["query_pos"].tolist()))}
 
 
 def versions() -> dict:
