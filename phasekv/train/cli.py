@@ -7,8 +7,11 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from phasekv.train.config import TrainConfig
+
 console = Console(stderr=True)
 
+D = TrainConfig()
 ARCH_HELP = "Model: paper name ('W8/S8 · 1 KV', 'Full attention · 8 KV') or ASCII alias ('w8s8-1kv')."
 
 
@@ -20,25 +23,27 @@ def train_command(
                                         "files, directories or globs (comma-separated)."),
     tokenizer: str = typer.Option(None, help="tokenizer.json (or HF model dir) for text data; default: word tokenizer."),
     recall_mix: float = typer.Option(None, help="With a text corpus: fraction of synthetic recall sequences (0-1)."),
-    steps: int = typer.Option(None, help="Optimizer steps (default 1500)."),
+    recall: str = typer.Option(None, help="Recall layout overrides, e.g. 'min_records=4,max_records=8,min_distance=16' "
+                                          "(fields of phasekv.data.RecallConfig)."),
+    steps: int = typer.Option(None, help=f"Optimizer steps (default {D.total_steps})."),
     tokens: int = typer.Option(None, help="Training tokens instead of --steps."),
-    batch_size: int = typer.Option(None, help="Sequences per optimizer step, all ranks and micro-steps together."),
-    grad_accum: int = typer.Option(None, help="Gradient accumulation micro-steps per optimizer step."),
-    seq_len: int = typer.Option(None, help="Tokens per training sequence."),
-    lr: float = typer.Option(None, help="Peak learning rate (AdamW)."),
-    min_lr: float = typer.Option(None, help="Final learning rate of the cosine schedule."),
-    warmup: int = typer.Option(None, help="Linear warmup steps."),
-    weight_decay: float = typer.Option(None, help="AdamW weight decay on matrices."),
-    grad_clip: float = typer.Option(None, help="Gradient-norm clip (0 = off)."),
+    batch_size: int = typer.Option(None, help=f"Sequences per optimizer step, all ranks and micro-steps together (default {D.batch_size})."),
+    grad_accum: int = typer.Option(None, help=f"Gradient accumulation micro-steps per optimizer step (default {D.grad_accum})."),
+    seq_len: int = typer.Option(None, help=f"Tokens per training sequence (default {D.seq_len})."),
+    lr: float = typer.Option(None, help=f"Peak learning rate of AdamW (default {D.lr})."),
+    min_lr: float = typer.Option(None, help=f"Final learning rate of the cosine schedule (default {D.min_lr})."),
+    warmup: int = typer.Option(None, help=f"Linear warmup steps (default {D.warmup})."),
+    weight_decay: float = typer.Option(None, help=f"AdamW weight decay on matrices (default {D.weight_decay})."),
+    grad_clip: float = typer.Option(None, help=f"Gradient-norm clip, 0 = off (default {D.grad_clip})."),
     seed: int = typer.Option(None, help="Seed of init and data order (default: the model name's seed, 42)."),
     init_from: str = typer.Option(None, help="Continue training these weights (run dir or model dir) on --data."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its latest checkpoint."),
-    ckpt_every: int = typer.Option(None, help="Checkpoint every N steps (the last step always)."),
-    val_every: int = typer.Option(None, help="Validate every N steps (0 = only at the end)."),
-    log_every: int = typer.Option(None, help="Append to metrics.jsonl every N steps."),
-    val_sequences: int = typer.Option(None, help="Held-out sequences per validation."),
-    keep_checkpoints: int = typer.Option(None, help="Complete checkpoints to keep (newest)."),
-    gate_probe: int = typer.Option(None, help="Probe sequences of the gate snapshots."),
+    ckpt_every: int = typer.Option(None, help=f"Checkpoint every N steps, the last step always (default {D.ckpt_every})."),
+    val_every: int = typer.Option(None, help=f"Validate every N steps, 0 = only at the end (default {D.val_every})."),
+    log_every: int = typer.Option(None, help=f"Append to metrics.jsonl every N steps (default {D.log_every})."),
+    val_sequences: int = typer.Option(None, help=f"Held-out sequences per validation (default {D.val_sequences})."),
+    keep_checkpoints: int = typer.Option(None, help=f"Complete checkpoints to keep, newest first (default {D.keep_checkpoints})."),
+    gate_probe: int = typer.Option(None, help=f"Probe sequences of the gate snapshots (default {D.gate_probe})."),
     gate_steps: str = typer.Option(None, help="Gate snapshot steps: 'log' (default), 'none' or '1,10,100'."),
     device: str = typer.Option(None, help="auto | cpu | cuda."),
     compile: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile the model."),
@@ -60,13 +65,37 @@ def train_command(
 
         raise ConfigError("--out DIR is required (the run directory)")
     opts["out"] = str(opts["out"])
+    if "recall" in opts:
+        opts["recall"] = parse_pairs(opts["recall"], "--recall")
     summary = train(resume=resume, **opts)
     _print_summary(summary)
 
 
+def parse_pairs(text: str, flag: str) -> dict:
+    """'a=1,b=x' -> {'a': 1, 'b': 'x'} (ints, floats, true/false, else strings)."""
+    from phasekv.errors import ConfigError
+
+    out: dict = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, raw = part.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{flag}: expected key=value pairs, got {part!r}")
+        val: object = raw.strip()
+        for conv in (int, float):
+            try:
+                val = conv(raw)
+                break
+            except ValueError:
+                pass
+        if isinstance(val, str) and val.lower() in ("true", "false"):
+            val = val.lower() == "true"
+        out[key.strip()] = val
+    return out
+
+
 def _print_summary(s: dict) -> None:
     line = (f"[bold]{s['name']}[/]: {s['steps']} steps, final loss {s['final_loss']:.4f}, "
-            f"{s['tokens'] / max(s['elapsed_s'], 1e-9):,.0f} tok/s over this session")
+            f"{s['tokens_per_s']:,.0f} tok/s")
     if "val_accuracy" in s:
         line += (f", held-out recall accuracy {100 * s['val_accuracy']:.1f}% (chance {100 * s['chance']:.1f}%), "
                  f"by residue mod 24: worst {s['val_worst']:.1f} best {s['val_best']:.1f} gap {s['val_gap']:.1f}")

@@ -95,6 +95,8 @@ def _apply(cfg: TrainConfig, overrides: dict) -> TrainConfig:
             data.update(v)
         elif k == "data":
             data["data"] = v
+        elif k == "recall" and isinstance(v, dict):
+            data["recall"] = {**data["recall"], **v}  # override single fields of the recall layout
         elif k in DataConfig.__dataclass_fields__:
             data[k] = v
         elif k in TrainConfig.__dataclass_fields__:
@@ -370,7 +372,7 @@ def _train(cfg: TrainConfig, resuming: bool, dist: Dist) -> dict:
         torch.set_rng_state(extra["rng"]["torch"])
         if device.type == "cuda" and extra["rng"].get("cuda") is not None:
             torch.cuda.set_rng_state(extra["rng"]["cuda"])
-        step = state["step"]
+        step, loss_val = state["step"], state.get("loss", float("nan"))
         if state["data_index"] != step * cfg.batch_size:
             raise CheckpointError(f"{ckpt}: data position {state['data_index']} does not match step {step} "
                                   f"at batch_size={cfg.batch_size}")
@@ -393,8 +395,10 @@ def _train(cfg: TrainConfig, resuming: bool, dist: Dist) -> dict:
     if step == 0 and 0 in gate_steps:
         snapshot(0)
     tokens_per_step = cfg.batch_size * cfg.seq_len
-    t_start, t_last, s_last = time.time(), time.time(), step
-    loss_val, summary = float("nan"), {}
+    t_start, t_last, s_last, first_step = time.time(), time.time(), step, step
+    summary = {}
+    if not resuming:
+        loss_val = float("nan")
     wrapped.train()
     with _progress(cfg.progress and dist.main) as bar:
         task = bar.add_task("train", total=n_steps, completed=step, info="")
@@ -450,8 +454,11 @@ def _train(cfg: TrainConfig, resuming: bool, dist: Dist) -> dict:
             if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == n_steps:
                 save(step, loss_val)
             bar.update(task, completed=step)
+    if not summary:  # resumed a run that had already reached its last step
+        summary.update(validate(model, val_stream, cfg, device, autocast))
     elapsed = time.time() - t_start
     summary = {"name": mcfg.name, "steps": n_steps, "final_loss": loss_val, "tokens": n_steps * tokens_per_step,
+               "tokens_per_s": (n_steps - first_step) * tokens_per_step / max(elapsed, 1e-9),  # this session
                "elapsed_s": elapsed, "n_params": model.n_params, "out": str(out), "seed": seed,
                "versions": _versions(), **summary}
     if dist.main:
