@@ -121,3 +121,14 @@ def test_flip_counts_periodic_rankings(tmp_path):
     top = rows[rows["top"]]
     assert all((top["winner"] == cands[0]) == ((top["tokens"] - 1) % 4 >= 2))
     assert (tmp_path / "flip.png").exists()
+
+
+def test_long_prompts_prefill_through_the_cache(model_dir, monkeypatch):
+    import phasekv.eval.models as models
+
+    em = load(model_dir)
+    ids = torch.randint(0, V, (2, 150))
+    full = models.last_logits(em.model, ids)
+    monkeypatch.setattr(models, "PREFILL_CHUNK", 32)  # 150 tokens -> 5 chunks through the decode cache
+    chunked = models.last_logits(em.model, ids)
+    torch.testing.assert_close(chunked, full, rtol=1e-4, atol=1e-5)
