@@ -57,10 +57,17 @@ def profile_summary(acc: np.ndarray) -> dict[str, np.ndarray]:
     return {"mean": acc.mean(axis=-1), "worst": worst, "best": best, "gap": best - worst}
 
 
+MIN_MAPPINGS = 10  # fewer mappings than this: resample prompts within residue groups instead
+
+
 def bootstrap_profiles(hits: np.ndarray, trials: np.ndarray, n_boot: int = 2000, seed: int = 0) -> np.ndarray:
-    """Residue profiles (n_boot, M) from resampling mappings with replacement."""
+    """Residue profiles (n_boot, M) from resampling mappings with replacement (the study's unit); with fewer
+    than MIN_MAPPINGS mappings, from resampling prompts within each residue group (binomial)."""
     K = hits.shape[0]
     rng = np.random.default_rng(seed)
+    if K < MIN_MAPPINGS:
+        n, k = trials.sum(0), hits.sum(0)
+        return rng.binomial(n.astype(np.int64), k / n, size=(n_boot, n.size)) / n  # (B, M)
     w = rng.multinomial(K, np.full(K, 1.0 / K), size=n_boot).astype(float)  # (B, K) mapping multiplicities
     num, den = w @ hits, w @ trials  # (B, M)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -151,6 +158,7 @@ class PhaseSummary:
     periodicity: dict
     detected_period: int
     interval: str
+    bootstrap_unit: str  # "mapping" or "prompt" (too few mappings)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -211,4 +219,5 @@ def summarize(
         periodicity=per,
         detected_period=detected_period(acc, var),
         interval=interval,
+        bootstrap_unit="mapping" if hits.shape[0] >= MIN_MAPPINGS else "prompt",
     )

@@ -88,3 +88,12 @@ def test_fold_consistency_and_power_of_periodic_profile():
     assert detected_period(prof, np.full(24, 1e-3)) == 8
     with pytest.raises(ConfigError):
         fold_consistency(prof, 5)
+
+
+def test_too_few_mappings_bootstraps_prompts():
+    residue = np.repeat(np.arange(8), 64)
+    correct = np.random.default_rng(0).random(residue.size) < 0.5
+    one = summarize(residue, np.zeros(residue.size, int), correct, modulus=8, stride=4)
+    assert one.bootstrap_unit == "prompt" and one.gap_ci[1] > one.gap_ci[0]
+    many = summarize(residue, np.arange(residue.size) % 16, correct, modulus=8, stride=4)
+    assert many.bootstrap_unit == "mapping"
