@@ -5,7 +5,8 @@ synthetically up to `context - 64` (random keys/values or compressed entries of 
 real prefill leaves) and the last 64 tokens run through the model for real (ring buffer, in-flight window
 partials). Then single-token steps are timed, full and compressed interleaved:
   * model step: the whole `small` model (embeddings, 4 blocks, lm_head) for one new token per sequence;
-  * attention step: one attention layer (projections, compressor update, attention over the cache).
+  * attention step: one attention layer (projections, compressor update, attention over the cache);
+  * read: the attention over the cache alone (scores, softmax, values: the part that grows with context).
 Cache bytes: measured `cache.nbytes` against the target (T/S + n_local + W)/T of full attention's.
 """
 
@@ -17,6 +18,7 @@ import torch
 from common import add_common_args, fmt_t, header, interleaved, setup
 
 from phasekv import ModelConfig, PhaseLM
+from phasekv.attention import blockwise
 from phasekv.attention.cache import FullLayerCache, PhaseCache
 from phasekv.model.cli import cache_bytes
 
@@ -49,6 +51,21 @@ class Stepper:
         self.ids = torch.randint(0, cfg.vocab_size, (cache.batch_size, 1), device=device)
         self.h = torch.randn(cache.batch_size, 1, cfg.d_model, device=device, dtype=dtype)
         self.attn_pos = cache.pos  # the attention-only steps use layer 0's cache from here on
+        B, H, n_kv, D = cache.batch_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q = torch.randn(B, H, 1, D, device=device, dtype=dtype)
+        self.k = torch.randn(B, n_kv, 1, D, device=device, dtype=dtype)
+
+    def cache_attention(self) -> None:
+        """The attention read over the cache alone (what grows with the context): scores, softmax, values."""
+        attn, layer_cache = self.model.layers[0].attn, self.cache.layers[0]
+        q, k = self.q, self.k
+        if isinstance(layer_cache, FullLayerCache):
+            blockwise.attend_parts(q, [(layer_cache.k.view(k), layer_cache.v.view(k), None)])
+            return
+        ek = layer_cache.entries_k.view(k)
+        ev = ek if layer_cache.entries_v is None else layer_cache.entries_v.view(k)
+        pos = torch.tensor([self.cache.pos], device=q.device)
+        blockwise.decode_attention(q, pos, ek, ev, k, k, attn.grid, layer_cache.ring(k))
 
     def model_step(self) -> None:
         self.model(self.ids, cache=self.cache)
@@ -71,20 +88,22 @@ def main(argv: list[str] | None = None) -> None:
            f"caches filled synthetically up to context-{REAL_TAIL}, then {REAL_TAIL} real tokens; medians of "
            f"{args.reps} interleaved single-token steps and the best one (no preemption)")
     torch.manual_seed(0)
+    contexts = [int(c) for c in args.contexts.split(",")]
     models = {}
-    for name in ("full-1kv", "w8s8-1kv"):
-        cfg = ModelConfig.from_name(name, preset=args.preset)
+    for name in ("full-1kv", "w8s8-1kv"):  # room for the timed steps past the longest context
+        cfg = ModelConfig.from_name(name, preset=args.preset, max_seq_len=max(contexts) + 4 * args.reps + 64)
         models[name] = PhaseLM(cfg).to(device=device, dtype=dtype).eval()
     cfg = models["w8s8-1kv"].config
     print(f"{'context':>8} | {'':>6} {'full':>9} {'W8/S8':>9} {'ratio':>6} | {'':>6} {'full':>9} {'W8/S8':>9} "
-          f"{'ratio':>6} | {'cache full':>11} {'W8/S8':>10} {'ratio':>7} {'target':>7} {'/target':>7}")
+          f"{'ratio':>6} | {'':>5} {'full':>9} {'W8/S8':>9} {'ratio':>6} | {'cache full':>11} {'W8/S8':>10} {'ratio':>7} {'target':>7} {'/target':>7}")
     with torch.no_grad():
-        for context in (int(c) for c in args.contexts.split(",")):
+        for context in contexts:
             steppers = {n: Stepper(m, synthetic_cache(m, args.batch, context, device, dtype), device, dtype)
                         for n, m in models.items()}
             nbytes = {n: s.cache.nbytes for n, s in steppers.items()}  # before timing grows them
             model_t = interleaved({n: s.model_step for n, s in steppers.items()}, args.reps, device, warmup=3)
             attn_t = interleaved({n: s.attention_step for n, s in steppers.items()}, args.reps, device, warmup=3)
+            read_t = interleaved({n: s.cache_attention for n, s in steppers.items()}, args.reps, device, warmup=3)
             ratio = nbytes["w8s8-1kv"] / nbytes["full-1kv"]
             target = (context / cfg.stride + cfg.local_window + cfg.window) / context
             if dtype == torch.float32:  # the analytic helper counts fp32 bytes
@@ -92,10 +111,12 @@ def main(argv: list[str] | None = None) -> None:
             for stat in ("median", "best"):
                 m_f, m_c = (getattr(model_t[n], stat) for n in ("full-1kv", "w8s8-1kv"))
                 a_f, a_c = (getattr(attn_t[n], stat) for n in ("full-1kv", "w8s8-1kv"))
+                r_f, r_c = (getattr(read_t[n], stat) for n in ("full-1kv", "w8s8-1kv"))
                 cache_cols = (f"{nbytes['full-1kv'] / 2**20:>7.2f} MiB {nbytes['w8s8-1kv'] / 2**20:>6.2f} MiB "
                               f"{ratio:>7.4f} {target:>7.4f} {ratio / target:>7.3f}") if stat == "median" else ""
                 print(f"{context if stat == 'median' else '':>8} | model {stat:>6}: {fmt_t(m_f):>9} {fmt_t(m_c):>9} "
                       f"{m_c / m_f:>6.3f} | attn {stat:>6}: {fmt_t(a_f):>9} {fmt_t(a_c):>9} {a_c / a_f:>6.3f} | "
+                      f"read: {fmt_t(r_f):>9} {fmt_t(r_c):>9} {r_c / r_f:>6.3f} | "
                       f"{cache_cols}", flush=True)
             del steppers
     print("targets: attention step at 32K <= 0.35x full; cache bytes within 5% of (T/S + n_local + W)/T "
