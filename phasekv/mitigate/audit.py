@@ -64,7 +64,8 @@ def prompt_config(em: EvalModel, task: str, per_group: int | None, modulus: int 
                      ("modulus", modulus)):
             if v is not None:
                 kw[k] = v
-        return lookup_config(seed=seed, **kw)
+        trained = em.info.get("recall") or {}  # the words a recall run was trained on
+        return lookup_config(seed=seed, n_keys=trained.get("n_keys", 0), n_values=trained.get("n_values", 0), **kw)
     ctx = context or auto_context(em)
     n_rec = records or max(16, round(ctx * NEEDLE_DENSITY))
     kw = {"per_group": per_group or 64}  # 64 = 8^2: exact moment matching at M = 8
