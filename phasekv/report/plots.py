@@ -13,6 +13,7 @@ from phasekv.report import tables
 from phasekv.report.load import Stage, Study
 
 GREY = "#9a9a9a"
+GREENS = [[0.0, "#f7fcf5"], [0.5, "#74c476"], [1.0, "#00441b"]]  # light = low R², dark = high
 RDBU = [[0.0, "#b2182b"], [0.25, "#ef8a62"], [0.5, "#f7f7f7"], [0.75, "#67a9cf"], [1.0, "#2166ac"]]  # red = lost
 BASE_LAYOUT = {
     "template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 50}, "height": 420,
@@ -31,8 +32,10 @@ def _meta(alias: str, color: str) -> dict:
 
 
 def _layout(title: str, x: str, y: str, **kw) -> dict:
-    return {**BASE_LAYOUT, "title": {"text": title, "font": {"size": 14}}, "xaxis": {"title": {"text": x}},
-            "yaxis": {"title": {"text": y}}, **kw}
+    out = {**BASE_LAYOUT, "title": {"text": title, "font": {"size": 14}}, "xaxis": {"title": {"text": x}},
+           "yaxis": {"title": {"text": y}}, **kw}
+    out["yaxis"] = {"automargin": True, **out["yaxis"]}
+    return out
 
 
 def _vline(x: float, color: str = GREY, dash: str = "dash", yref: str = "paper") -> dict:
@@ -279,7 +282,8 @@ def r2_figure(study: Study) -> dict | None:
     names = [study.models[a].name if a in study.models else a for a in aliases]
     text = [["" if np.isnan(v) else f"{v:.2f}" for v in row] for row in z]
     return {"data": [{"type": "heatmap", "z": z.tolist(), "x": [f"{d:+d}" for d in deltas], "y": names, "zmin": 0,
-                      "zmax": 1, "colorscale": "Greens", "text": text, "texttemplate": "%{text}",
+                      "zmax": 1, "colorscale": GREENS, "text": text, "texttemplate": "%{text}",
                       "hovertemplate": "%{y}, δ = %{x}: R² = %{z:.2f}<extra></extra>"}],
             "layout": _layout("Gate cycling R² (observed vs predicted change, boundary phase excluded)", "δ",
-                              "", height=max(200, 90 + 50 * len(aliases)))}
+                              "", height=max(200, 90 + 50 * len(aliases)),
+                              xaxis={"title": {"text": "δ"}, "type": "category"})}
