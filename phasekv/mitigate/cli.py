@@ -36,9 +36,10 @@ def compare_command(
     bench = Bench(reps=bench_reps, decode_context=decode_context)
     s = compare(runs, out, reference=reference, baseline=baseline, protocol=padding, context=context,
                 min_compression=min_compression, max_gap_factor=max_gap_factor, bench=bench, progress=True)
-    console.print(table(s))
+    wide = Console(width=max(console.width, 150))  # the table has 11 columns: do not squeeze it into 80
+    wide.print(table(s))
     for line in verdict_lines(s):
-        console.print(line)
+        wide.print(line)
     console.print(f"wrote {out}/summary.json, results.parquet, pareto.png")
 
 

@@ -364,8 +364,11 @@ def plot_pareto(summary: dict, path: Path) -> None:
         front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["cache_rel"])
         ax.step([r["cache_rel"] for r in front], [r["gap"] for r in front], where="post", color="C3", lw=1,
                 label="Pareto front", zorder=0)
-        for r in rows:
-            ax.annotate(r["label"], (r["cache_rel"], r["gap"]), fontsize=6.5, xytext=(4, 3), textcoords="offset points")
+        seen: dict[float, int] = {}  # models at the same cache size (ensembles of one model): stack their labels
+        for r in sorted(rows, key=lambda r: -r["gap"]):
+            n = seen[round(r["cache_rel"], 4)] = seen.get(round(r["cache_rel"], 4), -1) + 1
+            ax.annotate(r["label"], (r["cache_rel"], r["gap"]), fontsize=6.5, xytext=(5, 3 - 9 * n),
+                        textcoords="offset points")
         crit = summary.get("criteria", {})
         if crit.get("reference_gap") is not None:
             ax.axhline(crit["max_gap_factor"] * crit["reference_gap"], ls="--", color="C3", lw=0.8,
@@ -373,7 +376,11 @@ def plot_pareto(summary: dict, path: Path) -> None:
             ax.axvline(1 / crit["min_compression"], ls=":", color="gray", lw=0.8,
                        label=f"compression {crit['min_compression']:g}x")
         ax.set_xscale("log")
-        ax.legend(fontsize=7, loc="upper left")
+        ticks = [2.0**e for e in range(int(np.floor(np.log2(x.min()))), 1)]
+        ax.set_xticks(ticks, [f"1/{round(1 / t)}" if t < 1 else "1" for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlim(min(ticks) / 1.3, 1.6)
+        ax.legend(fontsize=7, loc="best")
     ax.set_xlabel(f"cache bytes per token relative to full attention (context {summary['context']:,})")
     ax.set_ylabel("gap, best - worst residue (points)")
     ax.set_title(f"{summary['task']} · {summary['protocol']} padding · gap against cache size", fontsize=9)
