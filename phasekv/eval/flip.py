@@ -36,6 +36,13 @@ class FlipConfig:
     records: int = 8  # records of the default prompt
     seed: int = 0
 
+    def __post_init__(self):
+        if self.lengths < 1 or self.start < 0 or self.records < 1:
+            raise ConfigError(f"flip needs lengths >= 1, start >= 0 and records >= 1, got lengths={self.lengths}, "
+                              f"start={self.start}, records={self.records}")
+        if not self.families:
+            raise ConfigError("flip needs at least one filler family (words or repeat:X)")
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -96,7 +96,8 @@ def _load_hf(path: Path, device, trust_remote_code: bool, tokenizer) -> EvalMode
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code,
+                                                     use_safetensors=True)  # weights never via pickle
         tok = AutoTokenizer.from_pretrained(tokenizer or path, local_files_only=True, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         hint = " (pass --trust-remote-code if you trust this model's code)" if "trust_remote_code" in str(exc) else ""

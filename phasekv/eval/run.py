@@ -74,6 +74,7 @@ def evaluate(model, tokenizer, cfg: PromptConfig, pids: Iterable[int] | None = N
     EvalModel). Hooks registered on the model stay active."""
     model, tok = _unwrap(model, tokenizer)
     prompts = RetrievalPrompts(cfg, tok)
+    _check_fits(model, prompts, batch_size)
     pids = list(range(len(prompts))) if pids is None else list(pids)
     rows: list[dict] = []
     with _progress(progress, len(pids), "evaluating") as advance:
@@ -81,6 +82,16 @@ def evaluate(model, tokenizer, cfg: PromptConfig, pids: Iterable[int] | None = N
             rows.extend(chunk)
             advance(len(chunk))
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _check_fits(model, prompts: RetrievalPrompts, batch_size: int) -> None:
+    """Fail before any work: a batch size below 1, or prompts longer than a phasekv model's max_seq_len."""
+    if batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size} must be >= 1")
+    limit = getattr(model.config, "max_seq_len", None) if hasattr(model, "new_cache") else None
+    if limit is not None and prompts.length > limit:
+        raise ConfigError(f"prompts of {prompts.length} tokens exceed the model's max_seq_len={limit}; "
+                          "lower records, filler or context")
 
 
 def _unwrap(model, tokenizer) -> tuple[torch.nn.Module, WordTokenizer]:
@@ -103,6 +114,7 @@ def run_retrieval(task: str, em: EvalModel, cfg: PromptConfig, out: str | Path, 
     rank, world = _dist_init(em.device)
     t0 = time.time()
     prompts = RetrievalPrompts(cfg, em.tok)
+    _check_fits(em.model, prompts, batch_size)
     stride = stride if stride is not None else em.stride
     fingerprint = {"task": task, "model": em.info.get("weights", em.info.get("path")), "prompts": prompts.metadata(),
                    **({"ensemble": em.info["ensemble"]} if "ensemble" in em.info else {})}

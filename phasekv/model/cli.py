@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from phasekv.errors import ConfigError
 from phasekv.model.config import PRESETS, ModelConfig
 from phasekv.model.transformer import PhaseLM
 
@@ -49,6 +50,8 @@ def register(app: typer.Typer) -> None:
         context: int = typer.Option(32768, help="Context length for the cache-size column."),
     ) -> None:
         """Print a model's canonical name, alias, config, parameter count and decode-cache size."""
+        if context < 1:
+            raise ConfigError(f"--context {context} must be >= 1")
         cfg = ModelConfig.from_name(arch, preset=preset, vocab_size=vocab_size)
         full = cfg.replace(window=0, stride=0, **_compression_defaults())
         table = Table(title=f"{cfg.name}  ({cfg.alias})")
@@ -72,6 +75,8 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Random seed for weights and tokens."),
     ) -> None:
         """Build a model from a paper name, run a forward pass and a cached decode, and check they agree."""
+        if tokens < 1 or decode < 1:
+            raise ConfigError(f"--tokens {tokens} and --decode {decode} must be >= 1")
         torch.manual_seed(seed)
         cfg = ModelConfig.from_name(arch, preset=preset)
         model = PhaseLM(cfg).eval()

@@ -71,10 +71,15 @@ def load_run(path: str | os.PathLike, device: str = "cpu", hf_tokenizer: bool = 
 
         from phasekv.model.transformer import PhaseLM
 
-        hf = AutoModelForCausalLM.from_pretrained(model_dir)
+        try:  # local safetensors only: no download, no pickle, no code from the directory
+            hf = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, use_safetensors=True,
+                                                      trust_remote_code=False)
+            tok = (AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
+                   if hf_tokenizer else load_tokenizer(model_dir / "tokenizer.json"))
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{model_dir}: not a loadable Hugging Face causal LM "
+                                  f"({' '.join(str(exc).split())[:200]})") from None
         model = PhaseLM.from_hf(hf) if getattr(hf.config, "model_type", None) == "qwen3" else hf
-        tok = (AutoTokenizer.from_pretrained(model_dir) if hf_tokenizer
-               else load_tokenizer(model_dir / "tokenizer.json"))
         return model.to(device).eval(), tok
     model = load_model(model_dir, map_location=device).eval()
     tok = _tokenizer_for(model_dir, model.config.vocab_size)

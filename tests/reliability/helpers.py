@@ -35,6 +35,8 @@ def run_cli(*args: str) -> tuple[int, str, str]:
     argv = sys.argv
     sys.argv = ["phasekv", *map(str, args)]
     code = 0
+    # main() mounts every room's commands on the one app; undo that afterwards so calls do not pile up
+    mounted = list(cli.app.registered_commands), list(cli.app.registered_groups)
     try:
         with redirect_stdout(out), redirect_stderr(err):
             try:
@@ -43,6 +45,7 @@ def run_cli(*args: str) -> tuple[int, str, str]:
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
         sys.argv = argv
+        cli.app.registered_commands[:], cli.app.registered_groups[:] = mounted
         torch.set_num_threads(1)
     return code, out.getvalue(), err.getvalue()
 
