@@ -48,6 +48,43 @@ class Task:
     steps: Callable[[], tuple[int, int]] | None = None  # (done, total) for a live progress bar
 
 
+def _timed(fn: Callable, kwargs: dict) -> tuple[object, float]:
+    """Run a task in a worker and return (result, CPU seconds it used): CPU time does not depend on what
+    else the machine is running, so it prices the demo for an idle machine."""
+    c0 = time.process_time()
+    result = fn(**kwargs)
+    return result, time.process_time() - c0
+
+
+def _full_cost(result, cpu: float) -> float:
+    """A training run resumed at step k did only (n - k) of its n steps here: price the whole run."""
+    if isinstance(result, dict) and result.get("resumed_from") and result.get("steps"):
+        done = result["steps"] - result["resumed_from"]
+        return cpu * result["steps"] / max(done, 1)
+    return cpu
+
+
+def makespan(tasks: list[Task], cost: dict[str, float], jobs: int) -> float:
+    """Wall-clock time of the demo's schedule (first ready task to the first free worker, in task order)
+    when each task takes cost[name] seconds; tasks without a cost take none."""
+    finished: dict[str, float] = {}  # name -> end time
+    running: list[tuple[float, str]] = []
+    todo, now = list(tasks), 0.0
+    while todo or running:
+        ready = [t for t in todo if all(d in finished and finished[d] <= now for d in t.after)]
+        while ready and len(running) < jobs:
+            t = ready.pop(0)
+            todo.remove(t)
+            running.append((now + cost.get(t.name, 0.0), t.name))
+        if not running:
+            break  # unreachable dependencies
+        running.sort()
+        end, name = running.pop(0)
+        now = max(now, end)
+        finished[name] = end
+    return now
+
+
 def _last_step(run_dir: Path) -> int:
     """Latest logged step of a training run (its metrics.jsonl tail)."""
     path = run_dir / "metrics.jsonl"
@@ -132,7 +169,8 @@ def _write_manifest(root: Path, manifest: dict) -> None:
     tmp.replace(path)
 
 
-def run_tasks(tasks: list[Task], jobs: int, progress: bool, record: Callable[[str, float], None]) -> dict[str, str]:
+def run_tasks(tasks: list[Task], jobs: int, progress: bool,
+              record: Callable[[str, float, float], None]) -> dict[str, str]:
     """Run every unfinished task once its dependencies are done; returns {task: error} of failed tasks."""
     finished = {t.name for t in tasks if t.is_done()}
     failed: dict[str, str] = {}
@@ -155,7 +193,7 @@ def run_tasks(tasks: list[Task], jobs: int, progress: bool, record: Callable[[st
                 todo.remove(t)
                 total = t.steps()[1] if t.steps else 1
                 row = bar.add_task(t.name, total=total)
-                running[pool.submit(t.fn, **t.kwargs)] = (t, row, time.time())
+                running[pool.submit(_timed, t.fn, t.kwargs)] = (t, row, time.time())
             if not running:
                 break
             done_now, _ = wait(list(running), timeout=1.0, return_when=FIRST_COMPLETED)
@@ -164,15 +202,16 @@ def run_tasks(tasks: list[Task], jobs: int, progress: bool, record: Callable[[st
                 bar.remove_task(row)
                 secs = time.time() - t0
                 try:
-                    fut.result()
+                    result, cpu = fut.result()
+                    cpu = _full_cost(result, cpu)
                 except Exception as exc:  # a failed task is reported; independent tasks continue
                     failed[t.name] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
                     console.print(f"[red]✗ {t.name}[/] ({secs:.0f} s): {failed[t.name]}")
                     continue
                 finished.add(t.name)
-                record(t.name, secs)
+                record(t.name, secs, cpu)
                 bar.advance(overall)
-                console.print(f"[green]✓[/] {t.name} [dim]({secs:.0f} s)[/]")
+                console.print(f"[green]✓[/] {t.name} [dim]({secs:.0f} s wall, {cpu:.0f} s CPU)[/]")
             for t, row, _ in running.values():
                 if t.steps:
                     bar.update(row, completed=min(t.steps()[0], t.steps()[1]))
@@ -197,26 +236,42 @@ def run_demo(out: str | os.PathLike = "demo_out", quick: bool = False, jobs: int
     tasks = build_tasks(root, plan)
     console.print(f"[bold]phasekv demo[/] ({plan.mode}): {len(plan.models)} models at the {plan.preset} preset, "
                   f"{plan.steps} steps each, {jobs} worker(s) -> {root}")
-    t0 = time.time()
+    t0, load0 = time.time(), os.getloadavg()[0]
     timings = dict(manifest.get("tasks", {}))
+    ran = []
 
-    def record(name: str, secs: float) -> None:
-        timings[name] = round(secs, 1)
+    def record(name: str, wall: float, cpu: float) -> None:
+        timings[name] = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
+        ran.append(name)
         _write_manifest(root, {**manifest, "tasks": timings})
 
     failed = run_tasks(tasks, jobs, progress, record)
-    wall = time.time() - t0
-    if any(t.name not in manifest.get("tasks", {}) for t in tasks if t.name in timings):
-        runs = manifest.get("invocations", []) + [{"seconds": round(wall, 1), "tasks": len(timings)}]
-        manifest["invocations"] = runs
-    manifest.update(tasks=timings, failed=failed, seconds=round(sum(r["seconds"] for r in manifest.get("invocations", [])), 1))
-    _write_manifest(root, manifest)
+
+    def finish(wall: float) -> None:
+        if ran or not manifest.get("invocations"):
+            manifest["invocations"] = manifest.get("invocations", []) + [
+                {"seconds": round(wall, 1), "tasks_run": len(ran),
+                 "load_average": [round(load0, 1), round(os.getloadavg()[0], 1)]}]
+        cpu = {k: v["cpu_s"] for k, v in timings.items() if isinstance(v, dict)}
+        manifest.update(tasks=timings, failed=failed, jobs=jobs,
+                        seconds=round(sum(r["seconds"] for r in manifest["invocations"]), 1),
+                        cpu_seconds=round(sum(cpu.values()), 1),
+                        idle_estimate_seconds=round(makespan(tasks, cpu, jobs) + cpu.get("report", 0.0), 1))
+        _write_manifest(root, manifest)
+
+    finish(time.time() - t0)
     if report:
-        t1 = time.time()
+        t1, c1 = time.time(), time.process_time()
         index = render_report(root, progress=progress)
-        console.print(f"[green]✓[/] report [dim]({time.time() - t1:.0f} s)[/]: {index}")
+        console.print(f"[green]✓[/] report: {index}")
+        timings["report"] = {"wall_s": round(time.time() - t1, 1), "cpu_s": round(time.process_time() - c1, 1)}
+        manifest["invocations"] = manifest["invocations"][:-1] if ran else manifest["invocations"]
+        finish(time.time() - t0)
+    wall = time.time() - t0
     console.print(f"demo wall-clock: {wall / 60:.1f} min this run"
-                  + (f", {manifest['seconds'] / 60:.1f} min in all" if len(manifest.get("invocations", [])) > 1 else ""))
+                  + (f", {manifest['seconds'] / 60:.1f} min in all" if len(manifest["invocations"]) > 1 else "")
+                  + f"; {manifest['cpu_seconds'] / 60:.1f} min of single-core CPU time, about "
+                  f"{manifest['idle_estimate_seconds'] / 60:.1f} min on an idle machine with {jobs} worker(s)")
     if failed:
         raise PhaseKVError(f"{len(failed)} demo task(s) failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
     return manifest

@@ -43,16 +43,18 @@ def train_model(plan: dict, arch: str, run_dir: str) -> dict:
     """Train (or resume) one model; a run with no complete checkpoint restarts from scratch."""
     _setup()
     from phasekv.train import TrainConfig, train
-    from phasekv.train.checkpoint import latest_checkpoint
+    from phasekv.train.checkpoint import latest_checkpoint, read_trainer_state
 
     p = DemoPlan.from_dict(plan)
-    resume = latest_checkpoint(run_dir) is not None
+    last = latest_checkpoint(run_dir)
+    resume = last is not None
     if not resume and Path(run_dir).exists():
         shutil.rmtree(run_dir)
     cfg = TrainConfig(arch=arch, preset=p.preset, steps=p.steps, batch_size=p.batch_size, seq_len=p.seq_len, lr=p.lr,
                       warmup=p.warmup, ckpt_every=p.ckpt_every, val_every=0, out=run_dir, threads=1, progress=False,
                       data={"data": "recall", "recall": dict(p.recall)})
-    return train(cfg, resume=resume)
+    start = read_trainer_state(last)["step"] if resume else 0
+    return {**train(cfg, resume=resume), "resumed_from": start}
 
 
 def lookup(plan: dict, run_dir: str, out: str, padding: str) -> dict:

@@ -314,8 +314,14 @@ def header(study: Study) -> str:
     if m:
         bits.append(f"mode: {esc(str(m.get('mode', '?')))} · preset {esc(str(m.get('preset', '?')))}")
         if m.get("seconds") is not None:
-            bits.append(f"end-to-end time: {m['seconds'] / 60:.1f} min on {esc(str(m.get('threads', '?')))} "
-                        f"thread(s), {esc(str(m.get('machine', '')))}")
+            loads = [x for r in m.get("invocations", []) for x in r.get("load_average", [])]
+            load = f" (1-min load average {min(loads):.1f}–{max(loads):.1f} while it ran)" if loads else ""
+            bits.append(f"end-to-end wall-clock: {m['seconds'] / 60:.1f} min with {esc(str(m.get('threads', '?')))} "
+                        f"thread(s){load} · {esc(str(m.get('machine', '')))}")
+        if m.get("cpu_seconds") is not None:
+            bits.append(f"single-core CPU time of all tasks: {m['cpu_seconds'] / 60:.1f} min, which "
+                        f"{m.get('jobs', '?')} worker(s) finish in ≈ {m.get('idle_estimate_seconds', 0) / 60:.1f} min "
+                        "on an otherwise idle machine (the demo's own schedule, replayed with CPU times)")
         if m.get("created"):
             bits.append(f"created {esc(m['created'])} · phasekv {esc(str(m.get('version', '')))}")
     bits.append(f"study directory: <code>{esc(str(study.root))}</code>")

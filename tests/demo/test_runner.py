@@ -70,3 +70,15 @@ def test_quick_demo_end_to_end(tmp_path):
     assert not first["failed"]
     again = run_demo(tmp_path, quick=True, progress=False)
     assert again["tasks"] == first["tasks"]  # nothing re-ran
+
+
+def test_makespan_replays_the_schedule():
+    from phasekv.demo.runner import makespan
+
+    noop = lambda: False  # noqa: E731
+    tasks = [Task("a", _touch, {}, noop), Task("b", _touch, {}, noop), Task("c", _touch, {}, noop, after=["a"]),
+             Task("d", _touch, {}, noop)]
+    cost = {"a": 10.0, "b": 4.0, "c": 5.0, "d": 3.0}
+    # two workers: a | b, then d takes b's worker at 4 (c waits for a), c starts at 10
+    assert makespan(tasks, cost, jobs=2) == 15.0
+    assert makespan(tasks, cost, jobs=1) == 22.0
