@@ -17,11 +17,12 @@ class DemoPlan:
     #     retrieval at the tiny preset in a few CPU minutes: 16 records over 32 keys and 32 names) ---
     steps: int = 2000  # optimizer steps per model
     batch_size: int = 64  # sequences per step
-    seq_len: int = 128  # tokens per training sequence
+    seq_len: int = 96  # tokens per training sequence (16 records need >= 91; lookup prompts are 90)
     lr: float = 3e-3
     warmup: int = 100
     ckpt_every: int = 250  # checkpoints make an interrupted demo resume mid-run
-    recall: dict = field(default_factory=lambda: {"min_records": 16, "max_records": 16, "n_keys": 32, "n_values": 32})
+    recall: dict = field(default_factory=lambda: {"min_records": 16, "max_records": 16, "n_keys": 32, "n_values": 32,
+                                                  "max_prefix": 24, "min_distance": 16})
     # --- lookup prompts (held out: adjacent records, demonstrations, no marker; the run's key/name lists) ---
     records: int = 16  # key-name records per prompt
     demos: int = 4  # demonstrations before the target key

@@ -218,19 +218,51 @@ def run_tasks(tasks: list[Task], jobs: int, progress: bool,
     return failed
 
 
+class _Lock:
+    """DIR/.demo.lock holds the pid of the demo writing DIR; a second demo on the same DIR is refused."""
+
+    def __init__(self, root: Path):
+        self.path = root / ".demo.lock"
+
+    def __enter__(self):
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(self.path.read_text() or 0)
+                os.kill(pid, 0)  # raises when no such process
+            except (ValueError, ProcessLookupError):
+                self.path.unlink(missing_ok=True)  # left by a demo that was killed
+                return self.__enter__()
+            except PermissionError:
+                pass
+            raise ConfigError(f"another demo (pid {pid}) is writing {self.path.parent}; wait for it or stop it") from None
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return self
+
+    def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)
+
+
 def run_demo(out: str | os.PathLike = "demo_out", quick: bool = False, jobs: int | None = None,
              progress: bool = True, report: bool = True) -> dict:
     """Run (or resume) the demo into `out`, then render `out/report/index.html`; returns the manifest."""
-    from phasekv.report.render import render_report
 
     root = Path(out)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"--out {root} exists and is not a directory")
     root.mkdir(parents=True, exist_ok=True)
-    plan = plan_for(quick)
     jobs = jobs or min(2, os.cpu_count() or 1)
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    with _Lock(root):
+        return _run(root, plan_for(quick), jobs, progress, report)
+
+
+def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool) -> dict:
+    from phasekv.report.render import render_report
+
     manifest = _manifest(root, plan, jobs)
     _write_manifest(root, manifest)
     tasks = build_tasks(root, plan)

@@ -82,3 +82,18 @@ def test_makespan_replays_the_schedule():
     # two workers: a | b, then d takes b's worker at 4 (c waits for a), c starts at 10
     assert makespan(tasks, cost, jobs=2) == 15.0
     assert makespan(tasks, cost, jobs=1) == 22.0
+
+
+def test_second_demo_on_same_dir_is_refused(tmp_path):
+    import os
+
+    from phasekv.demo.runner import _Lock
+
+    with _Lock(tmp_path):
+        with pytest.raises(ConfigError, match="another demo"):
+            with _Lock(tmp_path):
+                pass
+    (tmp_path / ".demo.lock").write_text("999999999")  # a killed demo's stale lock is taken over
+    with _Lock(tmp_path):
+        assert (tmp_path / ".demo.lock").read_text() == str(os.getpid())
+    assert not (tmp_path / ".demo.lock").exists()
