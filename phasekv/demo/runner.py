@@ -105,16 +105,14 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
     lay, p = Layout(root), plan.to_dict()
     cfgs = {ModelConfig.from_name(m, preset=plan.preset).alias: ModelConfig.from_name(m, preset=plan.preset)
             for m in plan.models}
+    # priority = list order: each model's training, then its analyses (ready only once it is trained, so
+    # the next models' training fills the workers meanwhile); the theory checks fill idle workers
     tasks = []
-    for alias in cfgs:
-        run = lay.run(alias)
-        tasks.append(Task(f"train {alias}", stages.train_model, {"plan": p, "arch": cfgs[alias].name, "run_dir": str(run)},
-                          lambda run=run: (run / "done.json").is_file(),
-                          steps=lambda run=run: (_last_step(run), plan.steps)))
-    tasks.append(Task("theory checks", stages.theory, {"plan": p, "out": str(lay.theory)},
-                      lambda: all((lay.theory / c / "summary.json").is_file() for c in THEORY_CHECKS)))
     for alias, cfg in cfgs.items():
         run, trained = str(lay.run(alias)), [f"train {alias}"]
+        tasks.append(Task(f"train {alias}", stages.train_model, {"plan": p, "arch": cfg.name, "run_dir": run},
+                          lambda run=lay.run(alias): (run / "done.json").is_file(),
+                          steps=lambda run=lay.run(alias): (_last_step(run), plan.steps)))
         for padding in ("prefix", "in-sequence"):
             out = lay.lookup(padding, alias)
             tasks.append(Task(f"lookup {padding} {alias}", stages.lookup,
@@ -135,6 +133,8 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
             c = lay.analysis("cycle", alias)
             tasks.append(Task(f"cycle {alias}", stages.cycle, {"plan": p, "run_dir": run, "out": str(c)},
                               lambda c=c: done(c), trained))
+    tasks.append(Task("theory checks", stages.theory, {"plan": p, "out": str(lay.theory)},
+                      lambda: all((lay.theory / c / "summary.json").is_file() for c in THEORY_CHECKS)))
     lookups = [t.name for t in tasks if t.name.startswith("lookup")]
     tasks.append(Task("example prompts", stages.examples,
                       {"plan": p, "root": str(root), "aliases": list(cfgs), "tokenizer_run": str(lay.run(next(iter(cfgs))))},
