@@ -60,6 +60,7 @@ def lookup(
     demos: int = typer.Option(8, help="Demonstrations before the target key."),
     filler: int = typer.Option(48, help="Filler tokens per prompt (fixed, so the query position is fixed)."),
     mappings: int = typer.Option(32, help="Key-name mappings (bootstrap unit), each used at every residue."),
+    marker: str = typer.Option(None, help="Token between records and demonstrations (default none, as in the study)."),
     n_keys: int = typer.Option(None, "--n-keys", help="Use only the first N animal keys (0 = all; default: what a "
                                "phasekv recall run was trained on, else all)."),
     n_values: int = typer.Option(None, "--n-values", help="Use only the first N names (0 = all; default as --n-keys)."),
@@ -81,7 +82,7 @@ def lookup(
     em = _load(model, device, trust_remote_code, tokenizer)
     trained = em.info.get("recall") or {}
     cfg = lookup_config(records=records, demos=demos, padding=padding, filler=filler, modulus=modulus,
-                        per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed,
+                        per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed, marker=marker,
                         n_keys=trained.get("n_keys", 0) if n_keys is None else n_keys,
                         n_values=trained.get("n_values", 0) if n_values is None else n_values)
     _check_stride(stride, modulus)

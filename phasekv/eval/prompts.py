@@ -2,7 +2,7 @@
 
 One layout serves lookup and needle (SPEC section 4):
 
-    [special] [gap_0] rec_0 [gap_1] rec_1 ... [gap_{R-1}] rec_{R-1} [gap_R] demo_1 .. demo_D  target-key
+    [special] [gap_0] rec_0 [gap_1] rec_1 ... [gap_{R-1}] rec_{R-1} [gap_R] [marker] demo_1 .. demo_D  target-key
     rec = key tokens (1 for lookup, 2 for needle), value (one name), optional separator (needle: 1)
 
 The target record's key starts at position t (its residue t mod M picks the group); the query is the
@@ -46,6 +46,7 @@ class PromptConfig:
     keys: str = "animals"  # word lists (phasekv/data/words)
     values: str = "names"
     filler_words: str = "filler"
+    marker: str | None = None  # optional token between the records and the demonstrations (e.g. "?")
     n_keys: int = 0  # use only the first n words of the key list (0 = all; match a run trained on fewer)
     n_values: int = 0  # same for the value list
 
@@ -100,9 +101,10 @@ class RetrievalPrompts:
             self.sep = tok.single_tokens(SEPARATORS, "separator", 1)[0][0]
         elif cfg.separator is not None:
             self.sep = tok.single_tokens([cfg.separator], "separator", 1)[0][0]
+        self.marker = None if cfg.marker is None else tok.single_tokens([cfg.marker], "marker", 1)[0][0]
         self.b = len(tok.prefix)  # special tokens before the first word
         L, R = cfg.record_len, cfg.records
-        self.length = self.b + cfg.filler + R * L + cfg.demos * L + cfg.key_tokens
+        self.length = self.b + cfg.filler + R * L + (self.marker is not None) + cfg.demos * L + cfg.key_tokens
         self.query_pos = self.length - 1
         lo, hi = self.b, self.b + cfg.filler + (R - 1) * L  # reachable target positions
         self.design: PositionDesign = make_design(
@@ -178,6 +180,8 @@ class RetrievalPrompts:
             out.extend(self.filler[next(fill)] for _ in range(gaps[slot_idx]))
             record(int(order[slot_idx]))
         out.extend(self.filler[next(fill)] for _ in range(gaps[R]))
+        if self.marker is not None:
+            out.append(self.marker)
         for k in demos:
             record(int(k))
         out.extend(keys[target])

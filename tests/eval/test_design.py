@@ -66,10 +66,11 @@ def _built_positions(ps):
     demos=st.integers(0, 4),
     extra=st.integers(0, 10),
     seed=st.integers(0, 10_000),
+    marker=st.sampled_from([None, "?"]),
 )
-def test_lookup_prompts_match_moments_exactly(modulus, q, padding, records, demos, extra, seed):
+def test_lookup_prompts_match_moments_exactly(modulus, q, padding, records, demos, extra, seed, marker):
     cfg = PromptConfig(records=records, demos=demos, padding=padding, modulus=modulus, per_group=q * modulus**2,
-                       filler=2 * modulus + extra, mappings=5, seed=seed)
+                       filler=2 * modulus + extra, mappings=5, seed=seed, marker=marker)
     ps = RetrievalPrompts(cfg, TOK)
     per, qs = _built_positions(ps)
     assert len(qs) == 1
