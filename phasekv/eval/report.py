@@ -68,8 +68,14 @@ def plot_profile(summary: dict, path: Path) -> None:
     M, S = summary["modulus"], summary.get("stride")
     fig, ax = plt.subplots(figsize=(7, 3.2))
     ax.fill_between(r, lo, hi, alpha=0.25, color="C0", lw=0)
-    ax.plot(r, acc, "o-", color="C0", ms=3, label=summary["model"])
-    if S and 0 < S < M:
+    periodic = bool(S) and 0 < S < M
+    step = S if periodic else M
+    for start in range(0, M, step):  # solid within a stride period, dotted across a period boundary
+        seg = slice(start, min(start + step, M))
+        ax.plot(r[seg], acc[seg], "o-", color="C0", ms=3, label=summary["model"] if start == 0 else None)
+        if start + step < M:
+            ax.plot(r[start + step - 1 : start + step + 1], acc[start + step - 1 : start + step + 1], ":", color="C0")
+    if periodic:
         for b in range(S, M, S):
             ax.axvline(b - 0.5, ls="--", color="gray", lw=0.8)
         ax.plot([x for x in r if x % S == S - 1], [-4] * (M // S), "^", color="gray", ms=5, clip_on=False)
@@ -80,7 +86,7 @@ def plot_profile(summary: dict, path: Path) -> None:
     ax.set_title(f"{summary['task']} · {summary['protocol']} padding · gap {summary['gap']:.1f} "
                  f"[{summary['gap_ci'][0]:.1f}, {summary['gap_ci'][1]:.1f}] · period {summary['detected_period']}",
                  fontsize=9)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="best")
     _save(fig, path)
     plt.close(fig)
 
