@@ -103,7 +103,9 @@ def save_checkpoint(run_dir: Path, step: int, model_state: dict, model_config_js
         shutil.rmtree(final)
     os.replace(tmp, final)
     for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        trash = root / f".tmp-old-{old.name}"  # rename first: a kill mid-delete leaves no half checkpoint
+        os.replace(old, trash)
+        shutil.rmtree(trash, ignore_errors=True)
     return final
 
 

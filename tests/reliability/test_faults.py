@@ -43,6 +43,7 @@ KILLS = [
     KillPoint("phasekv.train.checkpoint:torch.save", 2, "after"),  # optimizer written, no trainer state
     KillPoint("phasekv.train.checkpoint:write_manifest", 2, "after"),  # complete, not yet renamed
     KillPoint("os:replace", 3, "after", match="checkpoints"),  # step 6 renamed into place, step 2 not pruned
+    KillPoint("shutil:rmtree", 1, "before", match=".tmp-old"),  # step 2 moved aside for pruning, not deleted
     # logs and run files
     KillPoint("phasekv.train.loop:Logs._append", 4, torn=True),  # killed mid-append: a torn metrics row
     KillPoint("phasekv.train.loop:save_tokenizer", 1, "after"),  # before the run's config.json exists
