@@ -16,7 +16,10 @@ import json
 import os
 import shutil
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +81,7 @@ def evaluate(model, tokenizer, cfg: PromptConfig, pids: Iterable[int] | None = N
     pids = list(range(len(prompts))) if pids is None else list(pids)
     rows: list[dict] = []
     with _progress(progress, len(pids), "evaluating") as advance:
-        for chunk in score(model, tok, (prompts.prompt(p) for p in pids), cfg.padding, batch_size):
+        for chunk in score(model, tok, prefetch(prompts.prompt, pids, 2 * batch_size), cfg.padding, batch_size):
             rows.extend(chunk)
             advance(len(chunk))
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -92,6 +95,20 @@ def _check_fits(model, prompts: RetrievalPrompts, batch_size: int) -> None:
     if limit is not None and prompts.length > limit:
         raise ConfigError(f"prompts of {prompts.length} tokens exceed the model's max_seq_len={limit}; "
                           "lower records, filler or context")
+
+
+def prefetch(build, pids: Iterable[int], depth: int = 64, workers: int = 2) -> Iterator[Prompt]:
+    """build(pid) for each pid in order, computed up to `depth` ahead in threads (tokenisers release the
+    GIL, so long prompts are built while the model runs)."""
+    it = iter(pids)
+    with ThreadPoolExecutor(max_workers=workers) as ex:
+        queue = deque(ex.submit(build, p) for p in islice(it, depth))
+        while queue:
+            done = queue.popleft().result()
+            nxt = next(it, None)
+            if nxt is not None:
+                queue.append(ex.submit(build, nxt))
+            yield done
 
 
 def _unwrap(model, tokenizer) -> tuple[torch.nn.Module, WordTokenizer]:
@@ -130,7 +147,7 @@ def run_retrieval(task: str, em: EvalModel, cfg: PromptConfig, out: str | Path, 
     new: list[dict] = []
     pending: list[dict] = []
     with _progress(progress and rank == 0, len(todo), f"{task} · {em.name}") as advance:
-        for chunk in score(em.model, em.tok, (prompts.prompt(p) for p in todo), cfg.padding, batch_size):
+        for chunk in score(em.model, em.tok, prefetch(prompts.prompt, todo, 2 * batch_size), cfg.padding, batch_size):
             new.extend(chunk)
             pending.extend(chunk)
             advance(len(chunk))
