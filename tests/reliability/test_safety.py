@@ -93,6 +93,7 @@ def run(tmp_path_factory):
     return out
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_a_malicious_optimizer_pickle_is_refused(run, tmp_path):
     marker = tmp_path / "pwned"
     bad = tmp_path / "optimizer.pt"
