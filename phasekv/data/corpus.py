@@ -200,7 +200,10 @@ def _run_jobs(jobs, tok: Tokenizer, workers: int, progress: bool) -> list[int]:
                 counts.append(_tokenize_file(j))
                 bar.advance(task)
             return counts
-        with mp.get_context("spawn").Pool(workers, _init_worker, (tok.to_str(),)) as pool:
+        # fork: workers start at once (no re-import of torch); they only run the Rust tokenizer
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread per worker process
+        with ctx.Pool(workers, _init_worker, (tok.to_str(),)) as pool:
             counts = []
             for c in pool.imap(_tokenize_file, jobs):  # ordered; a worker's DataError re-raises here
                 counts.append(c)

@@ -29,10 +29,10 @@ from phasekv.errors import ConfigError, DataError
 
 @dataclass
 class RecallConfig:
-    seq_len: int = 128  # tokens per sequence incl. <bos>; the tail after the last query is padding
-    min_records: int = 8  # records per sequence, uniform in [min_records, max_records] (fewer when a long
+    seq_len: int = 64  # tokens per sequence incl. <bos>; the tail after the last query is padding
+    min_records: int = 6  # records per sequence, uniform in [min_records, max_records] (fewer when a long
     #                       prefix and gaps leave no room: the records that fit, then at least one query)
-    max_records: int = 16
+    max_records: int = 12
     max_prefix: int = 24  # filler tokens before the first record: uniform in 0..max_prefix-1
     gap_prob: float = 0.25  # chance that a record or query is followed by filler
     max_gap: int = 2  # a gap holds 1..max_gap filler tokens
@@ -42,14 +42,19 @@ class RecallConfig:
     n_keys: int = 0  # use only the first n keys (0 = the whole list)
     n_values: int = 0  # use only the first n values (0 = the whole list)
     marker: str = "?"  # token between the records and the queries
+    curriculum: int = 0  # training examples over which the record range grows from 1 to [min, max] (0 = off)
     min_distance: int = 16  # a query is at least this many tokens after its record's key, i.e. beyond the
     #                         default local window of 16 exact tokens: answers must come from compressed memory
 
     def __post_init__(self):
         if not 1 <= self.min_records <= self.max_records:
             raise ConfigError(f"recall records: need 1 <= min_records <= max_records, got {self.min_records}, {self.max_records}")
-        if self.max_prefix < 1 or self.max_gap < 1 or not 0 <= self.gap_prob <= 1 or self.min_distance < 0:
-            raise ConfigError("recall: max_prefix and max_gap must be >= 1, min_distance >= 0, gap_prob in [0, 1]")
+        if self.max_prefix < 1 or self.max_gap < 1 or not 0 <= self.gap_prob <= 1 or min(self.min_distance, self.curriculum) < 0:
+            raise ConfigError("recall: max_prefix and max_gap must be >= 1, min_distance and curriculum >= 0, "
+                              "gap_prob in [0, 1]")
+
+    def check_fits(self) -> None:
+        """Refuse a seq_len too short for min_records records (worst-case gaps) and the longest prefix."""
         need = 1 + (self.max_prefix - 1) + max(self.min_records * (2 + self.max_gap) + 1, self.min_distance) + 2
         if self.seq_len < need:
             raise ConfigError(f"recall seq_len={self.seq_len} is too short for min_records={self.min_records} "
@@ -83,6 +88,7 @@ class RecallStream:
 
     def __init__(self, tok: Tokenizer, cfg: RecallConfig | None = None, seed: int = 0, split: str = "train"):
         self.cfg = cfg = cfg or RecallConfig()
+        cfg.check_fits()
         self.seed, self.split, self.seq_len = seed, split, cfg.seq_len
         keys, values = load_words(cfg.keys), load_words(cfg.values)
         keys, values = keys[: cfg.n_keys or None], values[: cfg.n_values or None]
@@ -96,9 +102,19 @@ class RecallStream:
         self.bos = [sp["bos"]] if sp["bos"] is not None else []
         self.pad = sp["pad"] if sp["pad"] is not None else 0
 
+    def record_range(self, index: int) -> tuple[int, int]:
+        """Record-count range of example `index`: with a curriculum, training starts at 1 record and reaches
+        [min_records, max_records] after `curriculum` examples (held-out splits always use the full range)."""
+        c = self.cfg
+        if not c.curriculum or self.split != "train" or index >= c.curriculum:
+            return c.min_records, c.max_records
+        f = index / c.curriculum
+        return 1 + round((c.min_records - 1) * f), 1 + round((c.max_records - 1) * f)
+
     def example(self, index: int) -> Example:
         c, rng = self.cfg, rng_for(self.seed, self.split, index)
-        n = int(rng.integers(c.min_records, c.max_records + 1))
+        lo, hi = self.record_range(index)
+        n = int(rng.integers(lo, hi + 1))
         keys = rng.choice(len(self.keys), n, replace=False)
         vals = rng.choice(len(self.values), n, replace=False)
         ids: list[int] = list(self.bos)

@@ -1,4 +1,19 @@
-"""Training from scratch: `train(...)` (the `phasekv train` command), checkpoints, `load_run`, sweeps."""
+"""Training from scratch: `train(...)` (the `phasekv train` command), checkpoints, `load_run`, sweeps.
+
+    phasekv train --arch "W8/S8 · 1 KV" --preset tiny --out runs/w8s8          # default recall recipe
+    phasekv train --arch full-1kv --data "corpus/*.parquet" --tokenizer tok.json --recall-mix 0.1 --out runs/x
+    phasekv train --out runs/w8s8 --resume                                     # continue after a crash
+    torchrun --nproc_per_node 8 -m phasekv train --fsdp ...                    # DDP / FSDP2
+
+    from phasekv.train import train, load_run
+    summary = train(arch="W8/S8 · 1 KV", preset="tiny", out="runs/w8s8")     # dict, also DIR/done.json
+    model, tokenizer = load_run("runs/w8s8")     # run dir | checkpoint dir | PhaseLM.save dir | HF model dir
+
+The default data is synthetic associative recall (`phasekv.data.recall`) with the word tokenizer
+(`phasekv.data.build_word_tokenizer()`); validation reports held-out recall accuracy by residue mod 24.
+A run directory holds config.json, tokenizer.json, metrics.jsonl, gates.jsonl, checkpoints/ and done.json
+(see `phasekv.train.checkpoint`).
+"""
 
 from phasekv.train.config import TrainConfig
 from phasekv.train.loop import TrainingDiverged, train

@@ -326,10 +326,11 @@ def _train(cfg: TrainConfig, resuming: bool, dist: Dist) -> dict:
 
     # tokenizer and model
     if resuming:
+        from phasekv.model.io import read_config
+
         tok = load_tokenizer(out / "tokenizer.json")
-        model, init_tok = build_model(TrainConfig.from_dict({**cfg.to_dict(), "init_from": None}), tok.get_vocab_size())
+        model = PhaseLM(read_config(ck.latest_checkpoint(out)))  # the checkpoint's own architecture
     else:
-        init_tok = None
         tok = data_tokenizer(cfg.data) if not cfg.init_from or cfg.data.tokenizer else None
         model, init_tok = build_model(cfg, tok.get_vocab_size() if tok else 0)
         tok = tok or init_tok

@@ -52,7 +52,7 @@ def test_every_residue_is_covered():
 
 def test_bad_config():
     with pytest.raises(ConfigError, match="seq_len"):
-        RecallConfig(seq_len=20)
+        RecallStream(TOK, RecallConfig(seq_len=20))
     with pytest.raises(ConfigError, match="min_records"):
         RecallConfig(min_records=5, max_records=4)
     with pytest.raises(ConfigError, match="unknown recall option"):
