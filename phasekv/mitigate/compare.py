@@ -291,7 +291,9 @@ def _criteria(rows: list[dict], ref: str | None, base: str | None, min_compressi
     """The acceptance check: compression >= min_compression, gap <= factor x the reference's gap, mean >= the
     baseline's. `point`: on the estimates; `ci`: not contradicted by the 95% intervals (gap lower bound <=
     factor x the reference's upper bound, mean upper bound >= the baseline's lower bound); `strict`: implied
-    by them (gap upper bound <= factor x the reference's lower bound, mean lower bound >= the baseline's upper)."""
+    by them (gap upper bound <= factor x the reference's lower bound, mean lower bound >= the baseline's upper).
+    `baseline_fails` says whether the baseline itself misses the gap criterion beyond its interval, i.e. whether
+    there is a weak spot to repair at all."""
     by = {r["label"]: r for r in rows}
     out = {"min_compression": min_compression, "max_gap_factor": factor, "reference": ref, "baseline": base,
            "checks": [], "passing": {"point": [], "ci": [], "strict": []}, "best": None}
@@ -300,7 +302,10 @@ def _criteria(rows: list[dict], ref: str | None, base: str | None, min_compressi
         return out
     R, B = by[ref], by[base]
     out.update(reference_gap=R["gap"], reference_gap_ci=R["gap_ci"], baseline_mean=B["mean"],
-               baseline_mean_ci=B["mean_ci"])
+               baseline_mean_ci=B["mean_ci"], baseline_gap=B["gap"], baseline_gap_ci=B["gap_ci"],
+               baseline_period_p=B.get("periodicity_p"), baseline_detected_period=B.get("detected_period"))
+    # is there a weak spot to repair? The baseline must itself fail the gap criterion beyond its interval
+    out["baseline_fails"] = B["gap_ci"][0] > factor * R["gap_ci"][1]
     for r in rows:
         if r["label"] in (ref, base) or r.get("compression") is None:
             continue
@@ -427,4 +432,8 @@ def verdict_lines(summary: dict) -> list[str]:
         lines.append(f"  passing {what}: {', '.join(c['passing'][k]) or 'none'}")
     if c["best"]:
         lines.append(f"  best eligible: {c['best']}")
+    if not c.get("baseline_fails", True):
+        lines.append(f"  warning: {c['baseline']} itself meets the gap criterion (gap {c['baseline_gap']:.1f} "
+                     f"[{c['baseline_gap_ci'][0]:.1f}, {c['baseline_gap_ci'][1]:.1f}]): there is no clear weak spot to "
+                     "repair, so passing says little")
     return lines

@@ -71,7 +71,9 @@ def test_acceptance_check_with_intervals():
     assert c["passing"] == {"point": ["good"], "ci": ["good", "close"], "strict": []}
     rows[2]["gap_ci"] = [3.0, 4.0]
     assert _criteria(rows, "full", "base", 4.0, 2.0)["passing"]["strict"] == ["good"]
-    assert c["best"] == "good"
+    assert c["best"] == "good" and c["baseline_fails"]
+    rows[1]["gap_ci"] = [5.0, 30.0]  # the baseline's own gap may be within 2 x the reference's: nothing to repair
+    assert not _criteria(rows, "full", "base", 4.0, 2.0)["baseline_fails"]
 
 
 def test_cli(evals, tmp_path):
