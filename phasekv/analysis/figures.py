@@ -166,7 +166,8 @@ def cycling_figure(profiles: pd.DataFrame, path: Path, title: str, boundary: int
         ax.fill_between(x, 100 * p["lo"], 100 * p["hi"], color=cmap(0.5 + 0.5 * d / span), alpha=0.25)
         ax.set_title(f"δ = {d:+d}  R² = {p['r2'].iloc[0]:.2f}", fontsize=8)
         ax.set_xlabel("phase")
-        ax.set_ylim(-2, 102)
+        top = 100 * float(np.nanmax(profiles[["acc0", "acc", "hi"]].to_numpy())) if len(profiles) else 100
+        ax.set_ylim(0, min(102, max(10.0, 1.15 * top)))  # shared scale, zoomed in for weak models
     axes[0].set_ylabel("accuracy (%)")
     if deltas:
         axes[0].legend(fontsize=6)
