@@ -132,6 +132,9 @@ def run_audit(em: EvalModel, out: Path, stride: int | None = None, max_gap: floa
     summary = run_retrieval(task, em, cfg, out / task, batch_size=batch_size, interval=interval, stride=stride,
                             progress=progress)
     v = verdict(summary, stride, max_gap)
+    n_values = summary.get("provenance", {}).get("word_pools", {}).get("values")
+    v["chance"] = 100.0 / n_values if n_values else None  # guessing among the value words
+    v["near_chance"] = v["chance"] is not None and v["mean_ci"][0] <= 2 * v["chance"]
     v.update(model=em.name, task=task, protocol=summary["protocol"], prompt_length=summary["prompt_length"],
              n_prompts=summary["n_prompts"], exit_code=PASS if v["pass"] else FAIL, evaluation=str(out / task))
     plot_audit(summary, v, out / "audit.png")
@@ -189,6 +192,9 @@ def print_verdict(v: dict, console) -> None:
     console.print(f"gap {v['gap']:.1f} points, 95% [{v['gap_ci'][0]:.1f}, {v['gap_ci'][1]:.1f}]; "
                   f"threshold {v['max_gap']:g}: [bold {color}]{'PASS' if v['pass'] else 'FAIL'}[/]")
     console.print(f"period: {v['period_text']}")
+    if v.get("near_chance"):
+        console.print(f"[yellow]warning:[/] mean accuracy is near chance ({v['chance']:.1f}% = one of the "
+                      "value words at random): a small gap here says little about phase robustness")
     weak = ", ".join(f"{w['residue']} ({w['acc']:.1f} [{w['lo']:.1f}, {w['hi']:.1f}])" for w in v["weakest_residues"])
     console.print(f"weakest residues mod {v['modulus']}: {weak}")
     if "weakest_phases" in v:

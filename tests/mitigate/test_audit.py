@@ -38,7 +38,7 @@ def test_exit_code_follows_threshold_planted(tmp_path, tok, max_gap, code):
 def test_flat_profile_passes(tmp_path, tok):
     em = EvalModel(Planted(tok.vocab_size, [1]), tok, "planted", "phasekv", 4, {"path": "planted"})
     v = run_audit(em, tmp_path, max_gap=1.0, task="lookup", progress=False, **SMALL)
-    assert v["gap"] == 0 and v["exit_code"] == 0 and v["periodic"] == "none"
+    assert v["gap"] == 0 and v["exit_code"] == 0 and v["periodic"] == "none" and not v["near_chance"]
 
 
 def test_cli_exit_codes(tmp_path, tok):
@@ -55,3 +55,4 @@ def test_cli_exit_codes(tmp_path, tok):
     assert r.exit_code == 3, r.output  # a gap is never below 0
     v = json.loads((tmp_path / "b" / "audit.json").read_text())
     assert v["model"] == "W4/S4 · 1 KV" and v["task"] == "lookup" and v["stride"] == 4
+    assert v["near_chance"] and "near chance" in r.output  # an untrained model: the gap says little
