@@ -52,6 +52,9 @@ def residue_png(study: Study, padding: str, colors: dict, path: Path) -> Path:
         ax.plot(p.residue, p.acc, color=colors[alias], marker="o", ms=3, lw=1.5)
         for k in range(1, len(p) // m.stride if m.stride else 0):
             ax.axvline(k * m.stride - 0.5, color="grey", ls="--", lw=0.8)
+        if m.stride:  # small triangles under the axis: the boundary phase S-1 of every period
+            xs = [r for r in p.residue if r % m.stride == m.stride - 1]
+            ax.plot(xs, [-1] * len(xs), "^", color=colors[alias], ms=4, clip_on=False)
         s = stage.summary
         ax.set_title(f"{m.name}\ngap {s['gap']:.1f} [{s['gap_ci'][0]:.1f}, {s['gap_ci'][1]:.1f}], "
                      f"period {s.get('detected_period')}", fontsize=8)
