@@ -13,9 +13,9 @@ class DemoPlan:
     models: list[str] = field(default_factory=lambda: [
         "Full attention · 1 KV", "W8/S8 · 1 KV", "W8/S4 · 1 KV", "W8/S8 · 1 KV · uniform averaging", "W6/S6 · 1 KV"])
     preset: str = "tiny"
-    # --- training (phasekv train on synthetic associative recall: the recipe issue 3 measured to learn
+    # --- training (phasekv train on synthetic associative recall: close to the recipe issue 3 measured to learn
     #     retrieval at the tiny preset in a few CPU minutes: 16 records over 32 keys and 32 names) ---
-    steps: int = 2000  # optimizer steps per model
+    steps: int = 1600  # optimizer steps per model (5 models + analyses fit 20 min on 2 idle cores)
     batch_size: int = 64  # sequences per step
     seq_len: int = 96  # tokens per training sequence (16 records need >= 91; lookup prompts are 90)
     lr: float = 3e-3
