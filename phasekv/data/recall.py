@@ -42,6 +42,7 @@ class RecallConfig:
     n_keys: int = 0  # use only the first n keys (0 = the whole list)
     n_values: int = 0  # use only the first n values (0 = the whole list)
     marker: str = "?"  # token between the records and the queries
+    query_gaps: bool = False  # filler gaps between queries too (only the records' phases matter)
     curriculum: int = 0  # training examples over which the record range grows from 1 to [min, max] (0 = off)
     min_distance: int = 16  # a query is at least this many tokens after its record's key, i.e. beyond the
     #                         default local window of 16 exact tokens: answers must come from compressed memory
@@ -140,7 +141,8 @@ class RecallStream:
         for k, v in zip(keys, vals, strict=True):
             size = len(self.keys[k]) + len(self.values[v])
             longest = max(longest, size)
-            if len(ids) + size + len(self.marker) + longest > c.seq_len:
+            first = key_pos[0] if key_pos else len(ids)
+            if max(len(ids) + size + c.max_gap + len(self.marker), first + c.min_distance) + longest > c.seq_len:
                 break  # long prefix and gaps: fewer records, so that at least one query still fits
             key_pos.append(len(ids))
             put(self.keys[k])
@@ -166,7 +168,8 @@ class RecallStream:
             q = len(ids) - len(v) - 1  # the queried key's last token predicts the value's first token
             answer[q] = key_pos[r]
             labels[q : q + len(v)] = v  # multi-token values (BPE): the rest of the value is trained too
-            gap()
+            if c.query_gaps:
+                gap()
         if all(a < 0 for a in answer[: c.seq_len]):
             raise DataError(f"recall: seq_len={c.seq_len} leaves no room for a query with this tokenizer")
         del ids[c.seq_len :], labels[c.seq_len :], answer[c.seq_len :]  # a last gap may run past the end
