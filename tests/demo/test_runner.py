@@ -42,7 +42,7 @@ def test_run_tasks_skips_done_and_blocks_dependents(tmp_path):
         Task("d", _touch, {"path": d}, lambda: Path(d).exists(), after=["c"]),
     ]
     timings = {}
-    failed = run_tasks(tasks, jobs=1, progress=False, record=lambda n, s: timings.__setitem__(n, s))
+    failed = run_tasks(tasks, jobs=1, progress=False, record=lambda n, wall, cpu: timings.__setitem__(n, cpu))
     assert Path(b).exists() and not Path(d).exists()
     assert set(timings) == {"b"}
     assert "planted failure" in failed["c"] and "needs failed" in failed["d"]
