@@ -139,6 +139,10 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
             c = lay.analysis("cycle", alias)
             tasks.append(Task(f"cycle {alias}", stages.cycle, {"plan": p, "run_dir": run, "out": str(c)},
                               lambda c=c: done(c), trained))
+    prefix = [t for t in tasks if t.name.startswith("lookup prefix")]
+    tasks.append(Task("compare", stages.compare, {"plan": p, "evals": [t.kwargs["out"] for t in prefix],
+                                                  "out": str(lay.compare)},
+                      lambda: done(lay.compare), [t.name for t in prefix]))
     tasks.append(Task("theory checks", stages.theory, {"plan": p, "out": str(lay.theory)},
                       lambda: all((lay.theory / c / "summary.json").is_file() for c in THEORY_CHECKS)))
     lookups = [t.name for t in tasks if t.name.startswith("lookup")]

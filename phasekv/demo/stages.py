@@ -156,3 +156,11 @@ def examples(plan: dict, root: str, aliases: list[str], tokenizer_run: str) -> d
     tmp.write_text(json.dumps({"examples": out}, indent=1))
     tmp.replace(path)
     return {"examples": len(out)}
+
+
+def compare(plan: dict, evals: list[str], out: str) -> dict:
+    """Cache size, training/decode cost and gap of every model side by side (`phasekv compare`)."""
+    _setup()
+    from phasekv.mitigate.compare import compare as compare_models
+
+    return compare_models([Path(e) for e in evals], out=Path(out), protocol="prefix")

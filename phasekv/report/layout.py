@@ -10,6 +10,7 @@
     DIR/analysis/gates/<alias>/           gate concentration (`phasekv analyze gates`)
     DIR/analysis/cycle/<alias>/           gate cycling (`phasekv analyze cycle`)
     DIR/theory/{minimisers,flow,coverage}/  theory checks (`phasekv theory ...`)
+    DIR/compare/                          cache, cost and gap side by side (`phasekv compare`, phasekv.compare/1)
     DIR/report/index.html                 the report; DIR/report/figures/*.png its figures as PNG
 
 `<alias>` is the model's ASCII alias (`w8s8-1kv`), so directory names stay portable.
@@ -54,6 +55,10 @@ class Layout:
     @property
     def theory(self) -> Path:
         return self.root / "theory"
+
+    @property
+    def compare(self) -> Path:
+        return self.root / "compare"
 
     @property
     def report(self) -> Path:

@@ -53,6 +53,7 @@ class Study:
     analyses: dict[str, dict[str, Stage]]  # knockout | gates | cycle -> alias -> stage
     theory: dict[str, Stage]  # minimisers | flow | coverage -> stage
     examples: list[dict]
+    compare: Stage | None = None  # `phasekv compare` (schema phasekv.compare/1)
 
     def has_results(self) -> bool:
         return any(self.lookup.values()) or bool(self.flip) or any(self.analyses.values()) or bool(self.theory)
@@ -167,4 +168,4 @@ def load_study(root: str | Path) -> Study:
             model.run, model.metrics, model.gate_paths = _run_info(run_dir)
         models[alias] = model
     models = dict(sorted(models.items(), key=lambda kv: (kv[1].compressed, kv[1].stride, kv[1].gate == "uniform")))
-    return Study(layout.root, manifest, models, lookup, flip, analyses, theory, examples)
+    return Study(layout.root, manifest, models, lookup, flip, analyses, theory, examples, read_stage(layout.compare))

@@ -292,6 +292,38 @@ def section_theory(b: Builder) -> None:
           body or missing("theory checks", "phasekv theory minimisers|flow|coverage"))
 
 
+def section_compare(b: Builder) -> None:
+    st = b.study.compare
+    if st is None or st.summary.get("schema") != "phasekv.compare/1":
+        b.add("compare", "Cost and gap", missing("comparison", "phasekv compare"))
+        return
+    from phasekv.mitigate.compare import verdict_lines
+
+    s = st.summary
+
+    def ci(r, k):
+        lo, hi = r.get(f"{k}_ci") or (None, None)
+        return f"{fmt(r[k])} [{fmt(lo)}, {fmt(hi)}]"
+
+    rows = [[esc(r["label"]) + {"reference": " (ref)", "baseline": " (base)"}.get(r["role"], ""),
+             fmt(r.get("cache_rel"), 3), "–" if r.get("compression") is None else f"{r['compression']:.1f}×",
+             fmt(r.get("train_cost_rel"), 2), fmt(r.get("decode_cost_rel"), 2), ci(r, "mean"),
+             f"{fmt(r['worst'])} ({r.get('worst_residue')})", ci(r, "gap"), fmt(r.get("fold_consistency")),
+             fmt(r.get("detected_period")), "yes" if r.get("pareto") else ""] for r in s["models"]]
+    aliases = [next((a for a, m in b.study.models.items() if m.name == r["model"]), None) for r in s["models"]]
+    body = html.table(["model", "cache / full", "compression", "train cost", "decode cost", "mean [95%]",
+                       "worst (residue)", "gap [95%]", "fold", "period", "Pareto"], rows, aliases)
+    body += (f"<p>{esc(s['task'])}, {esc(s['protocol'])} padding; cache bytes at {s['context']:,} tokens and costs "
+             "relative to full attention, measured in one process, interleaved.</p>")
+    body += "<pre>" + esc("\n".join(verdict_lines(s))) + "</pre>"
+    for png in sorted(st.path.glob("*.png")):
+        dest = b.png_path(f"compare_{png.stem}")
+        shutil.copyfile(png, dest)
+        b.pngs.append(dest)
+        body += html.image(png, "Gap against cache size (Pareto front marked)", f"figures/{dest.name}")
+    b.add("compare", "Cost and gap", body)
+
+
 def section_published(b: Builder) -> None:
     rows = [[f'<span class="published">{esc(k)}</span>', *(f"{x:.1f}" for x in v)]
             for k, v in published.LOOKUP_PREFIX.items()]
@@ -352,7 +384,7 @@ def render_report(root: str | os.PathLike, progress: bool = True) -> Path:
     b = Builder(study, fig_dir)
     t0 = time.time()
     steps = [section_verdicts, section_runs, section_lookup, section_examples, section_flip, section_knockout,
-             section_gates, section_alignment, section_cycle, section_theory, section_published]
+             section_gates, section_alignment, section_cycle, section_compare, section_theory, section_published]
     from rich.progress import Progress
 
     with Progress(disable=not progress, transient=True) as prog:

@@ -41,7 +41,7 @@ def page(study_dir):
 def test_every_section_is_present(page):
     _, _, sections = page
     assert sections == ["verdicts", "runs", "lookup", "examples", "flip", "knockout", "gates", "alignment",
-                        "cycling", "theory", "published"]
+                        "cycling", "compare", "theory", "published"]
 
 
 def test_self_contained_no_network(page):
