@@ -165,8 +165,8 @@ def _manifest(root: Path, plan: DemoPlan, jobs: int) -> dict:
     return {**old, "mode": plan.mode, "preset": plan.preset, "plan": plan.to_dict(), "models": models,
             "version": phasekv.__version__, "threads": f"{jobs} worker process(es) × 1",
             "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, torch {__import__('torch').__version__}",
-            "data": {"description": f"synthetic associative recall (phasekv's default training data), seq_len "
-                                    f"{plan.seq_len}, batch {plan.batch_size}, {plan.steps} steps per model; lookup "
+            "data": {"description": f"synthetic associative recall ({', '.join(f'{k}={v}' for k, v in plan.recall.items())}), "
+                                    f"seq_len {plan.seq_len}, batch {plan.batch_size}, {plan.steps} steps per model; lookup "
                                     f"prompts: {plan.records} records, {plan.demos} demonstrations, filler "
                                     f"{plan.filler}, M = {plan.modulus}, {plan.per_group} prompts per residue group"},
             "created": old.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
