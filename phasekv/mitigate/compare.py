@@ -371,7 +371,8 @@ def plot_pareto(summary: dict, path: Path) -> None:
                 label="Pareto front", zorder=0)
         seen: dict[float, int] = {}  # models at the same cache size (ensembles of one model): stack their labels
         for r in sorted(rows, key=lambda r: -r["gap"]):
-            n = seen[round(r["cache_rel"], 4)] = seen.get(round(r["cache_rel"], 4), -1) + 1
+            key = round(float(np.log2(r["cache_rel"])), 1)  # same place on the log axis
+            n = seen[key] = seen.get(key, -1) + 1
             ax.annotate(r["label"], (r["cache_rel"], r["gap"]), fontsize=6.5, xytext=(5, 3 - 9 * n),
                         textcoords="offset points")
         crit = summary.get("criteria", {})
