@@ -38,6 +38,16 @@ def lookup_checks(study: Study, padding: str) -> list[Check]:
     out: list[Check] = []
     if not stages:
         return [Check(f"lookup evaluation ({padding} padding) was run", None, "no results found")]
+    learned = {}
+    for alias, st in stages.items():  # without retrieval there is no phase pattern to measure
+        s = st.summary
+        if s.get("records"):
+            chance = 100.0 / s["records"]
+            lo = (s.get("mean_ci") or [s["mean"]])[0]
+            learned[alias] = lo > 2 * chance
+            out.append(Check(f"{models[alias].name}: retrieves well above chance (mean's interval above 2× chance)",
+                             learned[alias], f"mean {s['mean']:.1f} [{lo:.1f}, …] vs chance ≈ {chance:.1f} "
+                             f"(1 of {s['records']} names)"))
     baselines = [a for a in stages if a in models and not models[a].compressed]
     compressed = [a for a in stages if a in models and models[a].compressed]
     base = baselines[0] if baselines else None
@@ -67,7 +77,8 @@ def lookup_checks(study: Study, padding: str) -> list[Check]:
         s = stages[alias].summary
         gap, lo, hi = _gap(s)
         p = (s.get("periodicity") or {}).get("p_value")
-        out.append(Check(f"{models[alias].name}: flat (no residue dependence)", s.get("detected_period") == 1,
+        flat = s.get("detected_period") == 1 if learned.get(alias, True) else None  # flat at chance says nothing
+        out.append(Check(f"{models[alias].name}: flat (no residue dependence)", flat,
                          f"gap {gap:.1f} [{lo:.1f}, {hi:.1f}], detected period {s.get('detected_period')}"
                          + ("" if p is None else f", p = {p:.3f}")))
     return out

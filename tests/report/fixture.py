@@ -50,7 +50,7 @@ def lookup_stage(out: Path, cfg: ModelConfig, padding: str, rng: np.random.Gener
                              "prob": float(np.clip(acc[r] + rng.normal(0, 0.05), 0, 1)), "protocol": padding})
     df = pd.DataFrame(rows)
     s = summarize(df.residue, df.mapping, df.correct, M, cfg.stride or None, n_boot=300, n_perm=400)
-    summary = {"model": cfg.name, "protocol": padding, "modulus": M, "stride": cfg.stride or None,
+    summary = {"model": cfg.name, "protocol": padding, "modulus": M, "stride": cfg.stride or None, "records": 16,
                **s.to_dict(), "provenance": {"seed": 0, "fixture": True}}
     out.mkdir(parents=True, exist_ok=True)
     df.to_parquet(out / "results.parquet", index=False)

@@ -95,6 +95,8 @@ def test_verdicts_follow_the_numbers(study_dir):
     assert got["W8/S4 · 1 KV: detected period equals the stride S=4"]
     assert got["W8/S8 · 1 KV · uniform averaging: still periodic without a learned gate"]
     assert got["W8/S8 · 1 KV: gap above Full attention · 1 KV's, intervals not overlapping"]
+    assert got["Full attention · 1 KV: retrieves well above chance (mean's interval above 2× chance)"]
+    assert got["Full attention · 1 KV: flat (no residue dependence)"]
 
 
 def test_verdict_fails_when_numbers_do_not_show_it(study_dir, tmp_path):
@@ -109,12 +111,18 @@ def test_verdict_fails_when_numbers_do_not_show_it(study_dir, tmp_path):
     s["gap_ci"] = [0.0, 20.0]
     s["detected_period"] = 1
     path.write_text(json.dumps(s))
+    full = root / "eval" / "lookup-prefix" / "full-1kv" / "summary.json"
+    f = json.loads(full.read_text())
+    f["mean"], f["mean_ci"] = 7.0, [6.0, 8.0]  # at chance (1 of 16): its flatness says nothing
+    full.write_text(json.dumps(f))
     result = checks.lookup_checks(load_study(root), "prefix")
     got = {c.claim: c.passed for c in result}
     assert got["W8/S8 · 1 KV: detected period equals the stride S=8"] is False
     assert got["W8/S8 · 1 KV: gap above Full attention · 1 KV's, intervals not overlapping"] is False
     assert got["W8/S4 · 1 KV: detected period equals the stride S=4"] is True
-    assert "not shown" in _check_rows(result)
+    assert got["Full attention · 1 KV: retrieves well above chance (mean's interval above 2× chance)"] is False
+    assert got["Full attention · 1 KV: flat (no residue dependence)"] is None
+    assert "not shown" in _check_rows(result) and "not checked" in _check_rows(result)
 
 
 def test_missing_stages_are_said_missing(tmp_path, study_dir):
