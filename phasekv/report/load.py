@@ -123,12 +123,20 @@ def _run_info(run_dir: Path) -> tuple[dict, pd.DataFrame | None, pd.DataFrame | 
         for key in ("preset", "steps", "tokens", "seed", "batch_size", "seq_len", "lr"):
             if key in train:
                 info[key] = train[key]
+        if cfg.get("seed") is not None:  # the resolved seed (the run config's may be None: the name's seed)
+            info["seed"] = cfg["seed"]
+        if not info.get("tokens") and info.get("steps") and info.get("batch_size") and info.get("seq_len"):
+            info["tokens"] = info["steps"] * info["batch_size"] * info["seq_len"]
         model_cfg = cfg.get("model", {})
         if isinstance(model_cfg, dict) and "name" in model_cfg:
             info["name"] = model_cfg["name"]
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
     if (run_dir / "done.json").is_file():
         info.update({k: v for k, v in read_json(run_dir / "done.json").items() if not isinstance(v, dict | list)})
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+        info["status"] = "done"
+    else:
+        last = int(metrics["step"].max()) if metrics is not None and "step" in metrics else 0
+        info["status"] = f"in progress (step {last})"
     gates = read_jsonl(run_dir / "gates.jsonl")
     return info, metrics, gates
 

@@ -83,9 +83,9 @@ def section_verdicts(b: Builder) -> None:
 def section_runs(b: Builder) -> None:
     df = tables.run_table(b.study)
     rows = [[esc(r.model), f"<code>{esc(r.alias)}</code>", fmt(r.preset), fmt(r.steps), fmt(r.tokens), fmt(r.seed),
-             fmt(r.seconds, 0), fmt(r.val_loss, 3)] for r in df.itertuples()]
-    body = html.table(["model", "alias", "preset", "steps", "tokens", "seed", "train time (s)", "validation loss"],
-                      rows, list(df.alias))
+             fmt(r.seconds, 0), fmt(r.val_loss, 3), esc(str(r.status))] for r in df.itertuples()]
+    body = html.table(["model", "alias", "preset", "steps", "tokens", "seed", "train time (s)", "validation loss",
+                       "status"], rows, list(df.alias))
     spec = plots.training_figure(b.study, b.colors)
     png = pngs.training_png(b.study, b.colors, b.png_path("training_loss"))
     body += b.fig(spec, "Training loss per model.", png)

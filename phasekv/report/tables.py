@@ -47,9 +47,9 @@ def run_table(study: Study) -> pd.DataFrame:
         rows.append({
             "model": m.name, "alias": alias, "preset": r.get("preset"), "steps": r.get("steps"),
             "tokens": r.get("tokens"), "seed": r.get("seed"), "seconds": r.get("elapsed_s", r.get("seconds")),
-            "val_loss": val_loss(m),
+            "val_loss": val_loss(m), "status": r.get("status", "–"),
         })
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, dtype=object)
 
 
 def head_label(layer: int, kv_head: int, n_kv: int) -> str:
