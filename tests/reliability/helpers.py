@@ -75,3 +75,28 @@ def losses(run_dir) -> list[tuple[int, float]]:
 
     rows = [json.loads(r) for r in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if r.strip()]
     return [(r["step"], r["loss"]) for r in rows if "loss" in r and "event" not in r]
+
+
+def sweep_toml(steps: int, seeds: list[int]) -> str:
+    """A tiny sweep file of w8s8-1kv runs; `{root}` stays a placeholder for out_root."""
+    return f"""
+[defaults]
+preset = "tiny"
+steps = {steps}
+ckpt_every = 2
+batch_size = 4
+seq_len = 64
+warmup = 2
+val_every = 0
+val_sequences = 4
+gate_probe = 2
+gate_steps = "none"
+log_every = 1
+progress = false
+threads = 1
+out_root = "{{root}}"
+
+[[run]]
+arch = "w8s8-1kv"
+seeds = {seeds}
+"""

@@ -14,7 +14,7 @@ from phasekv.train import train
 from phasekv.train.checkpoint import latest_checkpoint, list_checkpoints
 
 from .faults import KillPoint, kill_at
-from .helpers import TINY, assert_same_weights, losses, run_cli, weights
+from .helpers import TINY, assert_same_weights, losses, run_cli, sweep_toml, weights
 
 STEPS = dict(steps=8, ckpt_every=2)
 
@@ -64,27 +64,7 @@ def test_sigkill_then_resume_equals_uninterrupted(point, reference, tmp_path):
     assert not list((run / "checkpoints").glob(".tmp-*"))
 
 
-SWEEP = """
-[defaults]
-preset = "tiny"
-steps = 4
-ckpt_every = 2
-batch_size = 4
-seq_len = 64
-warmup = 2
-val_every = 0
-val_sequences = 4
-gate_probe = 2
-gate_steps = "none"
-log_every = 1
-progress = false
-threads = 1
-out_root = "{root}"
-
-[[run]]
-arch = "w8s8-1kv"
-seeds = [42, 43]
-"""
+SWEEP = sweep_toml(steps=4, seeds=[42, 43])
 
 
 def _sweep(path):

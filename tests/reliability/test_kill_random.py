@@ -15,7 +15,7 @@ import pytest
 
 from phasekv.train import train
 
-from .helpers import ROOT, TINY, assert_same_weights, env, losses, weights
+from .helpers import ROOT, TINY, assert_same_weights, env, losses, sweep_toml, weights
 
 pytestmark = pytest.mark.slow
 KILLS = 5
@@ -64,27 +64,7 @@ def test_training_killed_at_random_moments(seed, tmp_path):
 
 
 def test_sweep_killed_at_random_moments(tmp_path):
-    sweep = """
-[defaults]
-preset = "tiny"
-steps = 15
-ckpt_every = 2
-batch_size = 4
-seq_len = 64
-warmup = 2
-val_every = 0
-val_sequences = 4
-gate_probe = 2
-gate_steps = "none"
-log_every = 1
-progress = false
-threads = 1
-out_root = "{root}"
-
-[[run]]
-arch = "w8s8-1kv"
-seeds = [42, 43, 44]
-"""
+    sweep = sweep_toml(steps=15, seeds=[42, 43, 44])
     (tmp_path / "ref.toml").write_text(sweep.format(root="ref"))
     (tmp_path / "s.toml").write_text(sweep.format(root="runs"))
     aliases = ["w8s8-1kv", "w8s8-1kv-seed43", "w8s8-1kv-seed44"]
