@@ -271,14 +271,10 @@ def cycle_figure(study: Study, alias: str, colors: dict[str, str]) -> dict | Non
 
 
 def r2_figure(study: Study) -> dict | None:
-    grid = tables.r2_grid(study)
-    if grid is None:
+    matrix = tables.r2_matrix(study)
+    if matrix is None:
         return None
-    aliases = list(dict.fromkeys(grid.alias))
-    deltas = sorted(grid.delta.unique().tolist())
-    z = np.full((len(aliases), len(deltas)), np.nan)
-    for r in grid.itertuples():
-        z[aliases.index(r.alias), deltas.index(r.delta)] = r.r2 if r.r2 is not None else np.nan
+    aliases, deltas, z = matrix
     names = [study.models[a].name if a in study.models else a for a in aliases]
     text = [["" if np.isnan(v) else f"{v:.2f}" for v in row] for row in z]
     return {"data": [{"type": "heatmap", "z": z.tolist(), "x": [f"{d:+d}" for d in deltas], "y": names, "zmin": 0,

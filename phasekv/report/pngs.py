@@ -225,14 +225,10 @@ def cycle_png(study: Study, alias: str, path: Path) -> Path | None:
 
 
 def r2_png(study: Study, path: Path) -> Path | None:
-    grid = tables.r2_grid(study)
-    if grid is None:
+    matrix = tables.r2_matrix(study)
+    if matrix is None:
         return None
-    aliases = list(dict.fromkeys(grid.alias))
-    deltas = sorted(grid.delta.unique().tolist())
-    z = np.full((len(aliases), len(deltas)), np.nan)
-    for r in grid.itertuples():
-        z[aliases.index(r.alias), deltas.index(r.delta)] = np.nan if r.r2 is None else r.r2
+    aliases, deltas, z = matrix
     fig, ax = plt.subplots(figsize=(1.2 + 0.8 * len(deltas), 0.8 + 0.5 * len(aliases)))
     ax.imshow(z, cmap="Greens", vmin=0, vmax=1, aspect="auto")
     for i in range(len(aliases)):

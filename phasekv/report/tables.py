@@ -129,3 +129,16 @@ def cycle_profiles(stage: Stage) -> pd.DataFrame:
 def flip_table(stage: Stage) -> pd.DataFrame:
     """P(candidate) per (family, length, candidate)."""
     return stage.results.sort_values(["family", "candidate", "length"])
+
+
+def r2_matrix(study: Study) -> tuple[list[str], list[int], np.ndarray] | None:
+    """The R² grid as (model aliases, deltas, z (n_models, n_deltas) with NaN where undefined)."""
+    grid = r2_grid(study)
+    if grid is None:
+        return None
+    aliases = list(dict.fromkeys(grid.alias))
+    deltas = sorted(grid.delta.unique().tolist())
+    z = np.full((len(aliases), len(deltas)), np.nan)
+    for r in grid.itertuples():
+        z[aliases.index(r.alias), deltas.index(r.delta)] = np.nan if r.r2 is None else r.r2
+    return aliases, deltas, z
