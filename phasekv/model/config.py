@@ -13,10 +13,15 @@ GATES = ("scalar", "vector", "uniform")
 
 # Backbones. Compression attributes and the KV-head count come from the model name, not the preset.
 PRESETS: dict[str, dict] = {
-    "tiny": dict(n_layers=2, d_model=64, n_heads=4, head_dim=32, d_ff=192, rope_theta=1e4, vocab_size=512),
-    "small": dict(n_layers=4, d_model=256, n_heads=8, head_dim=32, d_ff=768, rope_theta=1e4, vocab_size=8192),
+    # tiny and small: untied embeddings and fan-in init (see `init_std`); Qwen3's own 0.02 and tied embeddings
+    # leave these widths on a chance-level plateau of associative recall for thousands of steps
+    "tiny": dict(n_layers=2, d_model=64, n_heads=4, head_dim=32, d_ff=192, rope_theta=1e4, vocab_size=512,
+                 tie_embeddings=False),
+    "small": dict(n_layers=4, d_model=256, n_heads=8, head_dim=32, d_ff=768, rope_theta=1e4, vocab_size=8192,
+                  tie_embeddings=False),
     "qwen3-0.6b": dict(
-        n_layers=28, d_model=1024, n_heads=16, head_dim=128, d_ff=3072, rope_theta=1e6, vocab_size=151936
+        n_layers=28, d_model=1024, n_heads=16, head_dim=128, d_ff=3072, rope_theta=1e6, vocab_size=151936,
+        init_std=0.02,
     ),
 }
 
@@ -40,6 +45,8 @@ class ModelConfig:
     rope_theta: float = 1e4
     norm_eps: float = 1e-6
     tie_embeddings: bool = True
+    init_std: float | None = None  # std of every weight matrix at init; None: torch's nn.Linear variance 1/(3 fan_in),
+    #                                token embeddings N(0, 1) (untied) or N(0, 1/d_model) (tied); 0.02 = Qwen3's
     max_seq_len: int = 131072  # longest sequence the model is used at (prompts beyond it are an error)
     preset: str = "custom"
     # --- compression (window = 0 means full attention) ---
@@ -139,6 +146,8 @@ class ModelConfig:
             bad("rope_theta", "must be positive")
         if not self.norm_eps > 0:
             bad("norm_eps", "must be positive")
+        if self.init_std is not None and not self.init_std > 0:
+            bad("init_std", "must be positive (or None for fan-in scaling)")
         if self.rope_dims is not None:
             if not isinstance(self.rope_dims, int) or self.rope_dims < 0 or self.rope_dims > self.head_dim:
                 bad("rope_dims", f"must be in [0, head_dim={self.head_dim}]")

@@ -73,7 +73,7 @@ class Oracle(torch.nn.Module):
         for b in range(B):
             row = ids[b].tolist()
             for t in range(1, T - 1):
-                if row[t] in self.keys and row[:t].count(row[t]) == 1:
+                if row[t] in self.keys and row[t] in row[:t]:  # a query (keys repeat: drawn with replacement)
                     p = row.index(row[t])
                     logits[b, t, row[p + 1] if p % 2 == 0 else 0] = 1.0
         return logits

@@ -65,7 +65,7 @@ def test_gradient_spreads_heads():
     probe = CoverageProbe(model)
     opt = torch.optim.SGD(model.parameters(), lr=5.0)
     first = None
-    for _ in range(20):
+    for _ in range(40):
         model(ids)
         r = probe.pop()
         first = float(r.detach()) if first is None else first
