@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass, field
 from tokenizers import Tokenizer
 
 from phasekv.data.corpus import TextStream, build_shards
-from phasekv.data.recall import RecallConfig, RecallStream
+from phasekv.data.recall import RecallConfig, RecallStream, recall_tokenizer
 from phasekv.data.stream import MixtureStream, Stream
-from phasekv.data.tokenizer import build_word_tokenizer, load_tokenizer
+from phasekv.data.tokenizer import load_tokenizer
 from phasekv.errors import ConfigError
 
 
@@ -40,13 +40,13 @@ class DataConfig:
 
 
 def data_tokenizer(cfg: DataConfig) -> Tokenizer:
-    """The run's tokenizer: `--tokenizer` when given, else the word tokenizer (recall data only)."""
+    """The run's tokenizer: `--tokenizer` when given, else the recall layout's word tokenizer (recall only)."""
     if cfg.tokenizer:
         return load_tokenizer(cfg.tokenizer)
     if not cfg.is_recall:
         raise ConfigError("a text corpus needs --tokenizer (an existing tokenizer.json, or train one with "
                           "`phasekv tokenizer train CORPUS --out tokenizer.json`)")
-    return build_word_tokenizer()
+    return recall_tokenizer(cfg.recall)
 
 
 def build_stream(cfg: DataConfig, tok: Tokenizer, seq_len: int, seed: int, split: str = "train",
