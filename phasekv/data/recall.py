@@ -33,18 +33,18 @@ from phasekv.errors import ConfigError, DataError
 
 @dataclass
 class RecallConfig:
-    seq_len: int = 64  # tokens per sequence incl. <bos>; the tail after the last query is padding
-    min_records: int = 6  # records per sequence, uniform in [min_records, max_records] (fewer when a long
+    seq_len: int = 96  # tokens per sequence incl. <bos>; the tail after the last query is padding
+    min_records: int = 2  # records per sequence, uniform in [min_records, max_records] (fewer when a long
     #                       prefix and gaps leave no room: the records that fit, then at least one query)
-    max_records: int = 12
+    max_records: int = 16  # (a mix of short and long sequences: the short ones teach binding soonest)
     max_prefix: int = 24  # filler tokens before the first record: uniform in 0..max_prefix-1
     gap_prob: float = 0.25  # chance that a record or query is followed by filler
     max_gap: int = 2  # a gap holds 1..max_gap filler tokens
     keys: str = "animals"  # word list of the keys
     values: str = "names"  # word list of the values
     filler: str = "filler"  # word list of prefixes and gaps
-    n_keys: int = 0  # use only the first n keys (0 = the whole list)
-    n_values: int = 0  # use only the first n values (0 = the whole list)
+    n_keys: int = 32  # use only the first n keys (0 = the whole list); 32 keys and 32 names learn in minutes
+    n_values: int = 32  # use only the first n values (0 = the whole list)
     marker: str = "?"  # token between the records and the queries
     query_gaps: bool = False  # filler gaps between queries too (only the records' phases matter)
     curriculum: int = 0  # training examples over which the record range grows from 1 to [min, max] (0 = off)

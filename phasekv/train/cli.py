@@ -54,7 +54,7 @@ def train_command(
 ) -> None:
     """Train a model from scratch (default: synthetic associative recall on the tiny preset).
 
-    Example: phasekv train --arch "W8/S8 · 1 KV" --preset tiny --steps 1500 --out runs/w8s8.
+    Example: phasekv train --arch "W8/S8 · 1 KV" --preset tiny --steps 1600 --out runs/w8s8.
     Under `torchrun --nproc_per_node N -m phasekv train ...` it trains with DDP (or FSDP2 with --fsdp).
     """
     from phasekv.train.loop import train

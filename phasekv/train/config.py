@@ -22,15 +22,15 @@ class TrainConfig:
     init_from: str | None = None  # start from these weights (run dir or model dir); fresh optimizer and data
     seed: int | None = None  # model init + data order; None = the seed in the model name (42 by default)
     # --- how long ---
-    steps: int = 0  # optimizer steps (0: from `tokens`, else 1500: the tiny recall recipe)
+    steps: int = 0  # optimizer steps (0: from `tokens`, else 1600: the tiny recall recipe)
     tokens: int = 0  # alternative to `steps`: total training tokens (rounded up to whole steps)
-    batch_size: int = 32  # sequences per optimizer step, over all ranks and accumulation micro-steps
+    batch_size: int = 64  # sequences per optimizer step, over all ranks and accumulation micro-steps
     grad_accum: int = 1  # micro-steps per optimizer step
-    seq_len: int = 64  # tokens per sequence
+    seq_len: int = 96  # tokens per sequence
     # --- optimizer (AdamW, linear warmup then cosine to min_lr) ---
     lr: float = 3e-3
     min_lr: float = 3e-4
-    warmup: int = 50  # warmup steps
+    warmup: int = 100  # warmup steps
     weight_decay: float = 0.0  # on matrices only (not norms, biases, gate biases)
     beta1: float = 0.9
     beta2: float = 0.95
@@ -79,7 +79,7 @@ class TrainConfig:
             return self.steps
         if self.tokens:
             return math.ceil(self.tokens / (self.batch_size * self.seq_len))
-        return 1500
+        return 1600
 
     def lr_at(self, step: int) -> float:
         """Learning rate of optimizer step `step` (0-based): linear warmup, then cosine down to min_lr."""

@@ -18,6 +18,7 @@ import json
 import os
 from pathlib import Path
 
+from phasekv.data.recall import RecallConfig, recall_tokenizer
 from phasekv.data.tokenizer import build_word_tokenizer, load_tokenizer, to_hf
 from phasekv.errors import CheckpointError
 from phasekv.model.io import CONFIG_FILE, load_model
@@ -57,7 +58,10 @@ def _tokenizer_for(model_dir: Path, vocab_size: int):
     for cand in (model_dir, model_dir.parent.parent if model_dir.parent.name == CKPT_DIR else None):
         if cand is not None and (cand / "tokenizer.json").is_file():
             return load_tokenizer(cand / "tokenizer.json")
-    word = build_word_tokenizer()
+    default, word = recall_tokenizer(RecallConfig()), build_word_tokenizer()  # a default recall run's words, or all
+    for cand in (default, word):
+        if cand.get_vocab_size() == vocab_size:
+            return cand
     if word.get_vocab_size() <= vocab_size:
         return word
     raise CheckpointError(f"{model_dir}: no tokenizer.json beside the weights")

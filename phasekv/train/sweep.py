@@ -3,7 +3,7 @@ torchrun / SLURM command lines for a cluster.
 
     [defaults]                 # any `phasekv train` option (TrainConfig field), shared by every run
     preset = "tiny"
-    steps = 1500
+    steps = 1600
     out_root = "runs/cpu"      # each run writes to out_root/<model alias>, e.g. runs/cpu/w8s8-1kv-seed43
 
     [[run]]

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from phasekv import PhaseLM
-from phasekv.data import RecallStream, batch, build_word_tokenizer
+from phasekv.data import RecallConfig, RecallStream, batch, build_word_tokenizer
+from phasekv.data.recall import recall_tokenizer
 from phasekv.errors import CheckpointError, ConfigError
 from phasekv.train import load_run, train
 from phasekv.train.checkpoint import latest_checkpoint
@@ -26,7 +27,7 @@ def test_run_directory(run_dir):
     names = {p.name for p in run_dir.iterdir()}
     assert {"config.json", "tokenizer.json", "metrics.jsonl", "gates.jsonl", "checkpoints", "done.json"} <= names
     cfg = json.loads((run_dir / "config.json").read_text())
-    assert cfg["name"] == "W8/S8 · 1 KV" and cfg["model"]["vocab_size"] == build_word_tokenizer().get_vocab_size()
+    assert cfg["name"] == "W8/S8 · 1 KV" and cfg["model"]["vocab_size"] == recall_tokenizer(RecallConfig()).get_vocab_size()
     rows = [json.loads(r) for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, 7))
     val = [r for r in rows if "val_accuracy" in r]
@@ -61,8 +62,8 @@ def test_load_run_accepts_run_checkpoint_and_model_dirs(run_dir, tmp_path):
     m2, tok2 = load_run(ckpt)
     saved = tmp_path / "saved"
     model.save(saved)
-    m3, tok3 = load_run(saved)  # no tokenizer.json: the word tokenizer (its vocabulary fits)
-    ids = batch(RecallStream(build_word_tokenizer(), seed=0), 0, 2)["input_ids"]
+    m3, tok3 = load_run(saved)  # no tokenizer.json: the default recall layout's word tokenizer (same size)
+    ids = batch(RecallStream(recall_tokenizer(RecallConfig()), seed=0), 0, 2)["input_ids"]
     with torch.no_grad():
         ref = model(ids)
         assert torch.equal(ref, m2(ids)) and torch.equal(ref, m3(ids))
