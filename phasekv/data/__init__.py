@@ -1,14 +1,15 @@
 """Training data: the word tokenizer, synthetic associative recall, text corpora and their mixture.
 
-- `build_word_tokenizer()`: the word-level `tokenizers.Tokenizer` of recall runs; every animal, name and
-  filler word of `phasekv/data/words/` is ONE token (ids are fixed; see `phasekv.data.tokenizer`).
+- `build_word_tokenizer()`: the word-level `tokenizers.Tokenizer` over every animal, name and filler word of
+  `phasekv/data/words/`, each ONE token; `recall_tokenizer(RecallConfig)`: the one a recall run saves, holding
+  only the words its layout uses (no never-seen output classes).
 - `RecallStream` / `RecallConfig`: the default training data; `recall_accuracy()`: held-out accuracy by phase.
 - `TextStream` / `build_shards()`: text corpora tokenized once into memory-mapped shards.
 - `build_stream(DataConfig, ...)`: what `phasekv train --data ...` uses.
 """
 
 from phasekv.data.corpus import TextStream, build_shards, iter_corpus, iter_documents, resolve_files
-from phasekv.data.recall import RecallConfig, RecallStream, recall_accuracy
+from phasekv.data.recall import RecallConfig, RecallStream, recall_accuracy, recall_tokenizer
 from phasekv.data.sources import DataConfig, build_stream, data_tokenizer
 from phasekv.data.stream import IGNORE, Example, MixtureStream, batch, collate
 from phasekv.data.tokenizer import build_word_tokenizer, load_tokenizer, save_tokenizer, to_hf, train_bpe
@@ -17,6 +18,6 @@ from phasekv.data.words import load_words
 __all__ = [
     "IGNORE", "DataConfig", "Example", "MixtureStream", "RecallConfig", "RecallStream", "TextStream",
     "batch", "build_shards", "build_stream", "build_word_tokenizer", "collate", "data_tokenizer",
-    "iter_corpus", "iter_documents", "load_tokenizer", "load_words", "recall_accuracy", "resolve_files",
+    "iter_corpus", "iter_documents", "load_tokenizer", "load_words", "recall_accuracy", "recall_tokenizer", "resolve_files",
     "save_tokenizer", "to_hf", "train_bpe",
 ]

@@ -10,6 +10,7 @@ from phasekv.data import (
     build_word_tokenizer,
     load_words,
     recall_accuracy,
+    recall_tokenizer,
 )
 from phasekv.errors import ConfigError
 
@@ -87,3 +88,25 @@ def test_recall_accuracy_groups_by_phase():
     acc = np.array(r["by_residue"])
     assert np.allclose(acc[0::2], 1.0) and np.allclose(acc[1::2], 0.0)
     assert r["gap"] == pytest.approx(100.0) and 0.4 < r["accuracy"] < 0.6
+
+
+def test_queries_repeat_keys_so_elimination_does_not_pay():
+    """Queries draw keys with replacement: a model cannot score by ruling out the names already asked for."""
+    s = RecallStream(TOK, RecallConfig(min_records=8, max_records=8), seed=0)
+    repeats = 0
+    for i in range(40):
+        ex = s.example(i)
+        queried = ex.answer_pos[ex.answer_pos >= 0].tolist()
+        repeats += len(queried) - len(set(queried))
+    assert repeats > 20
+
+
+def test_recall_tokenizer_holds_only_the_layout_words():
+    cfg = RecallConfig(n_keys=5, n_values=7)
+    tok = recall_tokenizer(cfg)
+    vocab = set(tok.get_vocab())
+    assert set(load_words("animals")[:5]) <= vocab and not set(load_words("animals")[5:]) & vocab
+    assert set(load_words("names")[:7]) <= vocab and not set(load_words("names")[7:]) & vocab
+    assert set(load_words("filler")) <= vocab
+    ex = RecallStream(tok, RecallConfig(n_keys=5, n_values=7, max_records=5), seed=0).example(0)
+    assert ex.ids.max() < tok.get_vocab_size()
