@@ -23,12 +23,15 @@ def _load(model: Path, device: str, trust_remote_code: bool = False):
     return load(model, device=dev, trust_remote_code=trust_remote_code)
 
 
-def _prompts(records: int, demos: int, padding: str, filler: int, modulus: int, per_group: int, keep_n: bool,
+def _prompts(em, records: int, demos: int, padding: str, filler: int, modulus: int, per_group: int, keep_n: bool,
              mappings: int, seed: int):
+    """Lookup prompts over the words `em` was trained on (a phasekv recall run's n_keys/n_values), as eval does."""
     from phasekv.eval.prompts import lookup_config
 
+    trained = em.info.get("recall") or {}
     return lookup_config(records=records, demos=demos, padding=padding, filler=filler, modulus=modulus,
-                         per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed)
+                         per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed,
+                         n_keys=trained.get("n_keys", 0), n_values=trained.get("n_values", 0))
 
 
 # shared lookup-prompt options (defaults: the study's lookup test)
@@ -68,7 +71,7 @@ def knockout_cmd(
     if n_cal < 1 or final_tokens < 1:
         raise ConfigError("--n-cal and --final-tokens must be >= 1")
     em = _load(model, device, trust_remote_code)
-    cfg = _prompts(records, demos, padding, filler, modulus, per_group, keep_n, mappings, seed)
+    cfg = _prompts(em, records, demos, padding, filler, modulus, per_group, keep_n, mappings, seed)
     try:
         only = None if layers is None else [int(x) for x in layers.split(",") if x.strip()]
     except ValueError:
@@ -102,7 +105,7 @@ def gates_cmd(
     if n_prompts < 1:
         raise ConfigError("--n-prompts must be >= 1")
     em = _load(model, device)
-    cfg = _prompts(records, demos, padding, filler, modulus, per_group, keep_n, mappings, seed)
+    cfg = _prompts(em, records, demos, padding, filler, modulus, per_group, keep_n, mappings, seed)
     s = analyze_gates(em, cfg, out, n_prompts, batch_size, knockout, trace, progress)
     console.print(f"[bold]{s['model']}[/]: gates over {s['n_prompts']} prompts -> {out}")
     for h in s["heads"]:
@@ -138,7 +141,8 @@ def cycle_cmd(
     from phasekv.analysis.cycling import analyze_cycle
 
     ems = [_load(m, device) for m in model]
-    cfg = _prompts(records, demos, padding, filler, modulus, per_group, keep_n, mappings, seed)
+    # one prompt set for the whole grid, over the first model's words
+    cfg = _prompts(ems[0], records, demos, padding, filler, modulus, per_group, keep_n, mappings, seed)
     s = analyze_cycle(ems, cfg, out, _deltas(delta), batch_size, n_boot, progress)
     for g in s["grid"]:
         console.print(f"  {g['model']} δ={g['delta']:+d}: R² = {g['r2']:.2f} [{g['r2_lo']:.2f}, {g['r2_hi']:.2f}]")
