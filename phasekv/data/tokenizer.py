@@ -1,7 +1,8 @@
 """Tokenizers: the word-level tokenizer of the synthetic recall data, and byte-level BPE for real text.
 
-`build_word_tokenizer()` is the tokenizer every default (recall) run saves as `tokenizer.json`. Its ids
-are fixed by construction, so two calls give identical tokenizers:
+`build_word_tokenizer()` holds every shipped word; a recall run saves the same construction over only the
+words its layout uses (`phasekv.data.recall.recall_tokenizer`). Ids are fixed by construction, so two calls
+give identical tokenizers:
 
     0 <pad>  1 <bos>  2 <eos>  3 <unk>  then the separators  . , : ; ? ! | = > - ( ) ' "
     then the shipped word lists in order: animals, names, filler (each word exactly ONE token).

@@ -9,8 +9,8 @@
     summary = train(arch="W8/S8 · 1 KV", preset="tiny", out="runs/w8s8")     # dict, also DIR/done.json
     model, tokenizer = load_run("runs/w8s8")     # run dir | checkpoint dir | PhaseLM.save dir | HF model dir
 
-The default data is synthetic associative recall (`phasekv.data.recall`) with the word tokenizer
-(`phasekv.data.build_word_tokenizer()`); validation reports held-out recall accuracy by residue mod 24.
+The default data is synthetic associative recall (`phasekv.data.recall`) with a word tokenizer of the
+words it uses (`phasekv.data.recall_tokenizer`); validation reports held-out recall accuracy by residue mod 24.
 A run directory holds config.json, tokenizer.json, metrics.jsonl, gates.jsonl, checkpoints/ and done.json
 (see `phasekv.train.checkpoint`).
 """
