@@ -82,8 +82,8 @@ def recall_tokenizer(cfg: RecallConfig) -> Tokenizer:
     528-word vocabulary of every shipped list stays on the chance plateau where a ~250-word one learns to bind
     keys to names in ~600 steps (measured, full attention, 2-16 records)."""
     keys, values = load_words(cfg.keys)[: cfg.n_keys or None], load_words(cfg.values)[: cfg.n_values or None]
-    return build_word_tokenizer(lists=(), extra_words=[*keys, *values, *load_words(cfg.filler)])  # (all the
-    #      words: the same ids as `build_word_tokenizer()`)
+    # the shipped lists' order, so that whole lists give exactly `build_word_tokenizer()`'s ids
+    return build_word_tokenizer(lists=(), extra_words=[*keys, *values, *load_words(cfg.filler)])
 
 
 def word_ids(tok: Tokenizer, words: list[str], what: str) -> list[list[int]]:

@@ -14,8 +14,8 @@ class DemoPlan:
         "Full attention · 1 KV", "W8/S8 · 1 KV", "W8/S4 · 1 KV", "W8/S8 · 1 KV · uniform averaging", "W6/S6 · 1 KV"])
     preset: str = "tiny"
     # --- training (phasekv train on synthetic associative recall: 2-16 records over 32 keys and 32 names, queries
-    #     drawn with replacement; full attention binds keys to names at ~900-1000 steps, W8/S8 reaches its
-    #     phase-limited ~60% by ~700; measured, see README) ---
+    #     drawn with replacement; full attention binds keys to names by ~800-1,000 steps, W8/S8 leaves chance by
+    #     ~500 and ends phase-limited (47% held-out); measured, see README) ---
     steps: int = 1600  # optimizer steps per model (5 models + analyses fit 20 min on 2 idle cores)
     batch_size: int = 64  # sequences per step
     seq_len: int = 96  # tokens per training sequence (16 records need >= 91; lookup prompts are 90)
