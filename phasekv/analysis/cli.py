@@ -28,10 +28,8 @@ def _prompts(em, records: int, demos: int, padding: str, filler: int, modulus: i
     """Lookup prompts over the words `em` was trained on (a phasekv recall run's n_keys/n_values), as eval does."""
     from phasekv.eval.prompts import lookup_config
 
-    trained = em.info.get("recall") or {}
-    return lookup_config(records=records, demos=demos, padding=padding, filler=filler, modulus=modulus,
-                         per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed,
-                         n_keys=trained.get("n_keys", 0), n_values=trained.get("n_values", 0))
+    return lookup_config(em.info.get("recall"), records=records, demos=demos, padding=padding, filler=filler,
+                         modulus=modulus, per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed)
 
 
 # shared lookup-prompt options (defaults: the study's lookup test)

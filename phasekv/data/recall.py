@@ -41,6 +41,7 @@ class RecallConfig:
     gap_prob: float = 0.25  # chance that a record or query is followed by filler
     max_gap: int = 2  # a gap holds 1..max_gap filler tokens
     keys: str = "animals"  # word list of the keys
+    key_words: int = 1  # words per key: 1 (an animal) or 2 (two animals, distinct pairs, as the needle's keys)
     values: str = "names"  # word list of the values
     filler: str = "filler"  # word list of prefixes and gaps
     n_keys: int = 32  # use only the first n keys (0 = the whole list); 32 keys and 32 names learn in minutes
@@ -54,6 +55,8 @@ class RecallConfig:
     def __post_init__(self):
         if not 1 <= self.min_records <= self.max_records:
             raise ConfigError(f"recall records: need 1 <= min_records <= max_records, got {self.min_records}, {self.max_records}")
+        if self.key_words not in (1, 2):
+            raise ConfigError(f"recall key_words must be 1 or 2, got {self.key_words}")
         if self.max_prefix < 1 or self.max_gap < 1 or not 0 <= self.gap_prob <= 1 or min(self.min_distance, self.curriculum) < 0:
             raise ConfigError("recall: max_prefix and max_gap must be >= 1, min_distance and curriculum >= 0, "
                               "gap_prob in [0, 1]")
@@ -107,15 +110,22 @@ class RecallStream:
         self.seed, self.split, self.seq_len = seed, split, cfg.seq_len
         keys, values = load_words(cfg.keys), load_words(cfg.values)
         keys, values = keys[: cfg.n_keys or None], values[: cfg.n_values or None]
-        if len(keys) < cfg.max_records or len(values) < cfg.max_records:
+        if len(keys) ** cfg.key_words < cfg.max_records or len(values) < cfg.max_records:
             raise ConfigError(f"recall: max_records={cfg.max_records} exceeds the {len(keys)} keys / {len(values)} values")
-        self.keys = word_ids(tok, keys, "key")
+        self.words = word_ids(tok, keys, "key")
         self.values = word_ids(tok, values, "value")
         self.filler = word_ids(tok, load_words(cfg.filler), "filler")
         self.marker = word_ids(tok, [cfg.marker], "marker")[0]
         sp = special_ids(tok)
         self.bos = [sp["bos"]] if sp["bos"] is not None else []
         self.pad = sp["pad"] if sp["pad"] is not None else 0
+
+    def key(self, i: int) -> list[int]:
+        """Token ids of key number i: word i, or for two-word keys the pair (i // n, i % n) of the n words."""
+        if self.cfg.key_words == 1:
+            return self.words[i]
+        a, b = divmod(i, len(self.words))
+        return self.words[a] + self.words[b]
 
     def record_range(self, index: int) -> tuple[int, int]:
         """Record-count range of example `index`: with a curriculum, training starts at 1 record and reaches
@@ -130,7 +140,7 @@ class RecallStream:
         c, rng = self.cfg, rng_for(self.seed, self.split, index)
         lo, hi = self.record_range(index)
         n = int(rng.integers(lo, hi + 1))
-        keys = rng.choice(len(self.keys), n, replace=False)
+        keys = [self.key(i) for i in rng.choice(len(self.words) ** c.key_words, n, replace=False)]
         vals = rng.choice(len(self.values), n, replace=False)
         ids: list[int] = list(self.bos)
         labels: list[int] = [IGNORE] * len(ids)
@@ -153,13 +163,13 @@ class RecallStream:
         filler(int(rng.integers(0, c.max_prefix)))
         key_pos, longest = [], 0
         for k, v in zip(keys, vals, strict=True):
-            size = len(self.keys[k]) + len(self.values[v])
+            size = len(k) + len(self.values[v])
             longest = max(longest, size)
             first = key_pos[0] if key_pos else len(ids)
             if max(len(ids) + size + c.max_gap + len(self.marker), first + c.min_distance) + longest > c.seq_len:
                 break  # long prefix and gaps: fewer records, so that at least one query still fits
             key_pos.append(len(ids))
-            put(self.keys[k])
+            put(k)
             put(self.values[v])
             gap()
         put(self.marker)
@@ -169,7 +179,7 @@ class RecallStream:
         for _ in range(n):  # n queries, keys drawn with replacement (see module doc)
             ready = [r for r in range(n) if len(ids) - key_pos[r] >= c.min_distance]  # beyond the local window
             r = ready[int(rng.integers(0, len(ready)))]
-            k, v = self.keys[keys[r]], self.values[vals[r]]
+            k, v = keys[r], self.values[vals[r]]
             if len(ids) + len(k) + len(v) > c.seq_len:
                 continue  # a shorter record may still fit
             put(k)

@@ -119,7 +119,7 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
         run, trained = str(lay.run(alias)), [f"train {alias}"]
         tasks.append(Task(f"train {alias}", stages.train_model, {"plan": p, "arch": cfg.name, "run_dir": run},
                           lambda run=lay.run(alias): (run / "done.json").is_file(),
-                          steps=lambda run=lay.run(alias): (_last_step(run), plan.steps)))
+                          steps=lambda run=lay.run(alias), n=plan.steps_of(cfg.name): (_last_step(run), n)))
         for padding in ("prefix", "in-sequence"):
             out = lay.lookup(padding, alias)
             tasks.append(Task(f"lookup {padding} {alias}", stages.lookup,
@@ -146,7 +146,8 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
                       lambda: done(lay.compare), [t.name for t in prefix]))
     tasks.append(Task("theory checks", stages.theory, {"plan": p, "out": str(lay.theory)},
                       lambda: all((lay.theory / c / "summary.json").is_file() for c in THEORY_CHECKS)))
-    tasks.sort(key=lambda t: not t.name.startswith("train "))  # stable: trainings first, in model order
+    # trainings first, the longest first (it is the critical path), then in model order
+    tasks.sort(key=lambda t: (0, -plan.steps_of(t.kwargs["arch"])) if t.name.startswith("train ") else (1, 0))
     lookups = [t.name for t in tasks if t.name.startswith("lookup")]
     tasks.append(Task("example prompts", stages.examples,
                       {"plan": p, "root": str(root), "aliases": list(cfgs), "tokenizer_run": str(lay.run(next(iter(cfgs))))},
@@ -168,7 +169,8 @@ def _manifest(root: Path, plan: DemoPlan, jobs: int) -> dict:
             "version": phasekv.__version__, "threads": f"{jobs} worker process(es) × 1",
             "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, torch {__import__('torch').__version__}",
             "data": {"description": f"synthetic associative recall ({', '.join(f'{k}={v}' for k, v in plan.recall.items())}), "
-                                    f"seq_len {plan.seq_len}, batch {plan.batch_size}, {plan.steps} steps per model; lookup "
+                                    f"seq_len {plan.seq_len}, batch {plan.batch_size}, {plan.steps} steps per model"
+                                    + "".join(f" ({m}: {n})" for m, n in plan.more_steps.items()) + "; lookup "
                                     f"prompts: {plan.records} records, {plan.demos} demonstrations, filler "
                                     f"{plan.filler}, M = {plan.modulus}, {plan.per_group} prompts per residue group"},
             "created": old.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -279,7 +281,8 @@ def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool) ->
     _write_manifest(root, manifest)
     tasks = build_tasks(root, plan)
     console.print(f"[bold]phasekv demo[/] ({plan.mode}): {len(plan.models)} models at the {plan.preset} preset, "
-                  f"{plan.steps} steps each, {jobs} worker(s) -> {root}")
+                  f"{plan.steps} steps each" + "".join(f", {n} for {m}" for m, n in plan.more_steps.items())
+                  + f", {jobs} worker(s) -> {root}")
     t0, load0 = time.time(), os.getloadavg()[0]
     timings = dict(manifest.get("tasks", {}))
     ran = []

@@ -26,11 +26,9 @@ def _prompts(plan: DemoPlan, em, padding: str = "prefix", per_group: int | None 
     from phasekv.eval.prompts import lookup_config
 
     n = per_group or plan.per_group
-    trained = em.info.get("recall") or {}
-    return lookup_config(records=plan.records, demos=plan.demos, padding=padding, filler=plan.filler,
-                         modulus=plan.modulus, per_group=n, keep_n=n % plan.modulus**2 != 0,
-                         mappings=plan.mappings, seed=0, n_keys=trained.get("n_keys", 0),
-                         n_values=trained.get("n_values", 0))
+    return lookup_config(em.info.get("recall"), records=plan.records, demos=plan.demos, padding=padding,
+                         filler=plan.filler, modulus=plan.modulus, per_group=n, keep_n=n % plan.modulus**2 != 0,
+                         mappings=plan.mappings, seed=0)
 
 
 def _load(run_dir: str):
@@ -50,7 +48,7 @@ def train_model(plan: dict, arch: str, run_dir: str) -> dict:
     resume = last is not None
     if not resume and Path(run_dir).exists():
         shutil.rmtree(run_dir)
-    cfg = TrainConfig(arch=arch, preset=p.preset, steps=p.steps, batch_size=p.batch_size, seq_len=p.seq_len, lr=p.lr,
+    cfg = TrainConfig(arch=arch, preset=p.preset, steps=p.steps_of(arch), batch_size=p.batch_size, seq_len=p.seq_len, lr=p.lr,
                       warmup=p.warmup, ckpt_every=p.ckpt_every, val_every=0, out=run_dir, threads=1, progress=False,
                       data={"data": "recall", "recall": {**p.recall, "seq_len": p.seq_len}})
     start = read_trainer_state(last)["step"] if resume else 0
@@ -68,13 +66,12 @@ def lookup(plan: dict, run_dir: str, out: str, padding: str) -> dict:
 def flip(plan: dict, run_dir: str, out: str) -> dict:
     _setup()
     from phasekv.eval.flip import FlipConfig, run_flip
-    from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
+    from phasekv.eval.prompts import RetrievalPrompts, lookup_config
 
     p, em = DemoPlan.from_dict(plan), _load(run_dir)
     # the flip test's lookup-style prompt, over the key/name lists the model was trained on
-    trained = em.info.get("recall") or {}
-    cfg = PromptConfig(records=p.records, demos=p.demos, modulus=1, per_group=1, filler=1, mappings=1, seed=0,
-                       n_keys=trained.get("n_keys", 0), n_values=trained.get("n_values", 0))
+    cfg = lookup_config(em.info.get("recall"), records=p.records, demos=p.demos, modulus=1, per_group=1,
+                        filler=2, mappings=1, seed=0)
     ps = RetrievalPrompts(cfg, em.tok)
     words, _, _, answer = ps.words(0)
     wrong = next(v for v in ps.mapping(0)[1] if v != answer)

@@ -80,11 +80,9 @@ def lookup(
     from phasekv.eval.run import run_retrieval
 
     em = _load(model, device, trust_remote_code, tokenizer)
-    trained = em.info.get("recall") or {}
-    cfg = lookup_config(records=records, demos=demos, padding=padding, filler=filler, modulus=modulus,
-                        per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed, marker=marker,
-                        n_keys=trained.get("n_keys", 0) if n_keys is None else n_keys,
-                        n_values=trained.get("n_values", 0) if n_values is None else n_values)
+    cfg = lookup_config(em.info.get("recall"), records=records, demos=demos, padding=padding, filler=filler,
+                        modulus=modulus, per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed,
+                        marker=marker, n_keys=n_keys, n_values=n_values)
     _check_stride(stride, modulus)
     if ensemble != 1:
         from phasekv.mitigate.ensemble import phase_ensemble

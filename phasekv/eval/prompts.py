@@ -229,9 +229,13 @@ def _composition(total: int, parts: int, rng: np.random.Generator) -> np.ndarray
     return np.diff(np.concatenate([[-1], bars, [total + parts - 1]])) - 1
 
 
-def lookup_config(**kw) -> PromptConfig:
-    """The study's lookup test: 64 single-token animal -> name records, 8 demonstrations, M = 24."""
-    return PromptConfig(**kw)
+def lookup_config(trained: dict | None = None, **kw) -> PromptConfig:
+    """The study's lookup test: 64 single-token animal -> name records, 8 demonstrations, M = 24.
+    `trained`: the recall data a phasekv run was trained on (`EvalModel.info["recall"]`): the prompts then
+    use only its words and its key length; options in kw that are not None override."""
+    t = trained or {}
+    own = {"n_keys": t.get("n_keys", 0), "n_values": t.get("n_values", 0), "key_tokens": t.get("key_words", 1)}
+    return PromptConfig(**{**own, **{k: v for k, v in kw.items() if v is not None}})
 
 
 def needle_config(context: int = 131072, records: int = 16000, **kw) -> PromptConfig:

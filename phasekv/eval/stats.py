@@ -123,20 +123,28 @@ def periodicity_test(acc, period: int, n_perm: int = 10000, seed: int = 0) -> di
     return {"period": period, "power": obs, "p_value": p, "n_perm": n_perm}
 
 
-def detected_period(acc, var, alpha: float = 0.001) -> int:
-    """Smallest divisor d of M such that 'A(r) depends on r mod d only' is not rejected by a chi-square
-    lack-of-fit test with per-residue variances `var`; 1 means no residue dependence, M no shorter period."""
+def detected_period(acc, var, alpha: float = 0.001, share: float = 0.75) -> int:
+    """Smallest divisor d of M at which the residue profile repeats: either 'A(r) depends on r mod d only'
+    is not rejected by a chi-square lack-of-fit test with per-residue variances `var`, or the period-d fold
+    explains at least `share` of the profile's variance (`periodic_power`) and within 1% as much as any
+    longer period below M does. The second clause keeps a clearly periodic profile periodic when thousands
+    of prompts per group resolve small real deviations from exact periodicity (in-sequence padding places
+    the distractors differently in groups r and r + S), without folding a period-6 profile whose two weak
+    phases differ onto period 3. 1 means no residue dependence (only the test can say that), M no shorter
+    period."""
     acc = np.asarray(acc, dtype=float)
     var = np.maximum(np.asarray(var, dtype=float), 1e-12)
     M = acc.shape[-1]
     r = np.arange(M)
+    power = {d: float(periodic_power(acc, d)) for d in divisors(M)}
     for d in divisors(M):
         if d == M:
             return M
         w = 1.0 / var
         fold = np.array([np.sum((w * acc)[r % d == c]) / np.sum(w[r % d == c]) for c in range(d)])
         chi2 = float(np.sum((acc - fold[r % d]) ** 2 * w))
-        if sps.chi2.sf(chi2, M - d) > alpha:
+        longer = max(power[e] for e in power if e % d == 0 and e < M)
+        if sps.chi2.sf(chi2, M - d) > alpha or (d > 1 and power[d] >= share and power[d] >= 0.99 * longer):
             return d
     return M
 

@@ -55,17 +55,13 @@ def prompt_config(em: EvalModel, task: str, per_group: int | None, modulus: int 
                   records: int | None, demos: int | None, filler: int | None, seed: int) -> PromptConfig:
     """The audit's prompts: lookup in the layout that fits the model's training length, or the needle test."""
     if task == "lookup":
-        kw = {}
+        trained = em.info.get("recall")  # a recall run: its words and key length
         if records is None and demos is None and filler is None:
-            n = training_length(em)
-            fits = [lay for lay in LOOKUP_LAYOUTS if n is None or 2 + lay[2] + 2 * (lay[0] + lay[1]) <= n]
+            n, L = training_length(em), 1 + (trained or {}).get("key_words", 1)  # L: tokens per record
+            fits = [lay for lay in LOOKUP_LAYOUTS if n is None or L + lay[2] + L * (lay[0] + lay[1]) <= n]
             records, demos, filler = fits[0] if fits else LOOKUP_LAYOUTS[-1]
-        for k, v in (("records", records), ("demos", demos), ("filler", filler), ("per_group", per_group),
-                     ("modulus", modulus)):
-            if v is not None:
-                kw[k] = v
-        trained = em.info.get("recall") or {}  # the words a recall run was trained on
-        return lookup_config(seed=seed, n_keys=trained.get("n_keys", 0), n_values=trained.get("n_values", 0), **kw)
+        return lookup_config(trained, seed=seed, records=records, demos=demos, filler=filler, per_group=per_group,
+                             modulus=modulus)
     ctx = context or auto_context(em)
     n_rec = records or max(16, round(ctx * NEEDLE_DENSITY))
     kw = {"per_group": per_group or 64}  # 64 = 8^2: exact moment matching at M = 8

@@ -32,6 +32,19 @@ def periodic(s: dict, stride: int) -> bool:
     return p is not None and p < ALPHA and s.get("detected_period") == stride
 
 
+def entries_per_record(s: dict, stride: int) -> tuple[float, str] | None:
+    """Compressed entries a model can spend on each record of a lookup prompt, and the product behind it:
+    layers x KV heads x tokens per record / S (one entry holds about one record). Below 1 some records
+    cannot have an entry of their own, which forces weak phases; at or above 1 only what the model learns can."""
+    prov = s.get("provenance") or {}
+    cfg, pc = (prov.get("model_info") or {}).get("config") or {}, prov.get("prompt_config") or {}
+    if not cfg.get("n_layers") or not pc or not stride:
+        return None
+    per_record = pc.get("key_tokens", 1) + 1 + (pc.get("separator") is not None)  # tokens per record
+    n = cfg["n_layers"] * cfg.get("n_kv_heads", 1) * per_record / stride
+    return n, f"{cfg['n_layers']} layers × {cfg.get('n_kv_heads', 1)} KV × {per_record} tokens per record / S={stride}"
+
+
 def lookup_checks(study: Study, padding: str) -> list[Check]:
     stages = study.lookup.get(padding, {})
     models = study.models
@@ -60,10 +73,13 @@ def lookup_checks(study: Study, padding: str) -> list[Check]:
         else:
             bgap, blo, bhi = _gap(stages[base].summary)
             ok = lo > bhi
+            cap = entries_per_record(s, m.stride)
             out.append(Check(
                 f"{m.name}: gap above {models[base].name}'s, intervals not overlapping", ok,
                 f"gap {gap:.1f} [{lo:.1f}, {hi:.1f}] vs {bgap:.1f} [{blo:.1f}, {bhi:.1f}]"
-                + ("" if ok else " (intervals overlap)"),
+                + ("" if ok else " (intervals overlap)")
+                + ("" if cap is None else f"; compressed entries per record {cap[0]:.2f} ({cap[1]})"
+                   + (": enough for every record, so no phase is weak by capacity" if cap[0] >= 1 else "")),
             ))
         det = s.get("detected_period")
         out.append(Check(f"{m.name}: detected period equals the stride S={m.stride}", det == m.stride,

@@ -110,3 +110,23 @@ def test_recall_tokenizer_holds_only_the_layout_words():
     assert set(load_words("filler")) <= vocab
     ex = RecallStream(tok, RecallConfig(n_keys=5, n_values=7, max_records=5), seed=0).example(0)
     assert ex.ids.max() < tok.get_vocab_size()
+
+
+def test_two_word_keys():
+    """key_words=2: keys are distinct pairs of animals; the loss sits on the value after the key's last word."""
+    cfg = RecallConfig(key_words=2, seq_len=112)
+    tok = recall_tokenizer(cfg)
+    s = RecallStream(tok, cfg, seed=1)
+    animals = set(load_words("animals")[: cfg.n_keys])
+    for i in range(20):
+        ex = s.example(i)
+        words = [tok.id_to_token(int(t)) for t in ex.ids]
+        marker = words.index("?")
+        for q in np.flatnonzero(ex.labels != IGNORE):
+            p = ex.answer_pos[q]  # the stored record's first key word: key, key, value as queried
+            assert words[p : p + 3] == words[q - 1 : q + 2] and {words[q - 1], words[q]} <= animals
+            assert p + 1 < marker < q
+        pairs = [tuple(words[j : j + 2]) for j in range(1, marker - 1) if words[j] in animals and words[j + 1] in animals]
+        assert len(pairs) == len(set(pairs))  # distinct keys within a sequence
+    with pytest.raises(ConfigError, match="key_words"):
+        RecallConfig(key_words=3)

@@ -99,3 +99,12 @@ def test_second_demo_on_same_dir_is_refused(tmp_path):
     with _Lock(tmp_path):
         assert (tmp_path / ".demo.lock").read_text() == str(os.getpid())
     assert not (tmp_path / ".demo.lock").exists()
+
+
+def test_more_steps_per_model_and_longest_training_first(tmp_path):
+    plan = plan_for(quick=False)
+    assert plan.steps_of("W8/S8 · 1 KV · uniform averaging") == plan.steps_of("w8s8-1kv-uniform") > plan.steps
+    assert plan.steps_of("W8/S8 · 1 KV") == plan.steps and plan_for(quick=True).more_steps == {}
+    trainings = [t for t in build_tasks(tmp_path, plan) if t.name.startswith("train ")]
+    assert trainings[0].name == "train w8s8-1kv-uniform"  # the critical path starts first
+    assert [t.steps()[1] for t in trainings][:2] == [plan.steps_of("w8s8-1kv-uniform"), plan.steps]

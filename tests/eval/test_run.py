@@ -132,3 +132,12 @@ def test_long_prompts_prefill_through_the_cache(model_dir, monkeypatch):
     monkeypatch.setattr(models, "PREFILL_CHUNK", 32)  # 150 tokens -> 5 chunks through the decode cache
     chunked = models.last_logits(em.model, ids)
     torch.testing.assert_close(chunked, full, rtol=1e-4, atol=1e-5)
+
+
+def test_lookup_config_follows_the_training_data():
+    """A recall run's words and key length carry over to its lookup prompts; explicit options win."""
+    trained = {"n_keys": 32, "n_values": 24, "key_words": 2}
+    cfg = lookup_config(trained, records=16, demos=2)
+    assert (cfg.n_keys, cfg.n_values, cfg.key_tokens, cfg.record_len) == (32, 24, 2, 3)
+    assert lookup_config(trained, n_keys=48, n_values=None).n_keys == 48
+    assert lookup_config(None).key_tokens == 1 and lookup_config(None).n_keys == 0  # an HF model: all words

@@ -90,6 +90,21 @@ def test_fold_consistency_and_power_of_periodic_profile():
         fold_consistency(prof, 5)
 
 
+def test_detected_period_tolerates_small_real_deviations():
+    """A period-6 profile with a 20-point non-periodic wobble in its weak phase, measured so precisely that
+    exact periodicity is rejected (the in-sequence W6/S6 of the demo), still has period 6; two weak phases
+    of different depth keep period 6; white noise of the same precision is not called periodic."""
+    prof = np.tile([97.0, 89.5, 96.0, 99.6, 99.0, 30.0], 4) / 100
+    prof[[5, 11, 17, 23]] = [0.35, 0.41, 0.21, 0.20]
+    var = np.full(24, 2e-5)
+    assert detected_period(prof, var, share=1.01) == 24  # the lack-of-fit test alone: no shorter period
+    assert detected_period(prof, var) == 6
+    two_weak = np.tile([0.98, 1.0, 0.37, 0.98, 0.99, 0.10], 4)  # period 6, not 3, though 3 explains 95%
+    assert detected_period(two_weak, var) == 6
+    noise = np.random.default_rng(0).normal(0.5, 0.05, 24)
+    assert detected_period(noise, var) == 24
+
+
 def test_too_few_mappings_bootstraps_prompts():
     residue = np.repeat(np.arange(8), 64)
     correct = np.random.default_rng(0).random(residue.size) < 0.5

@@ -146,3 +146,16 @@ def test_empty_or_missing_dir_is_a_clear_error(tmp_path):
 def test_example_prompt_highlighted(page):
     html, _, _ = page
     assert '<mark class="target">cat</mark> <mark class="answer">anna</mark>' in html
+
+
+def test_entries_per_record_explains_capacity():
+    """Layers x KV heads x tokens per record / S: 1.0 for the tiny W8/S4 (every record can have its own entry),
+    0.5 for W8/S8; said in the gap check's numbers; unknown without provenance."""
+    def summary(key_tokens=1, separator=None):
+        return {"provenance": {"model_info": {"config": {"n_layers": 2, "n_kv_heads": 1}},
+                               "prompt_config": {"key_tokens": key_tokens, "separator": separator}}}
+
+    assert checks.entries_per_record(summary(), 4)[0] == 1.0
+    assert checks.entries_per_record(summary(), 8)[0] == 0.5
+    assert checks.entries_per_record(summary(2, ";"), 8)[0] == 1.0  # four-token records
+    assert checks.entries_per_record({"provenance": {"fixture": True}}, 8) is None
