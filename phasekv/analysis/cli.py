@@ -23,20 +23,23 @@ def _load(model: Path, device: str, trust_remote_code: bool = False):
     return load(model, device=dev, trust_remote_code=trust_remote_code)
 
 
-def _prompts(em, records: int, demos: int, padding: str, filler: int, modulus: int, per_group: int, keep_n: bool,
-             mappings: int, seed: int):
-    """Lookup prompts over the words `em` was trained on (a phasekv recall run's n_keys/n_values), as eval does."""
+def _prompts(em, records: int | None, demos: int | None, padding: str, filler: int | None, modulus: int,
+             per_group: int, keep_n: bool, mappings: int, seed: int):
+    """Lookup prompts as `phasekv eval lookup` builds them (a recall run's words; a layout that fits it)."""
     from phasekv.eval.prompts import lookup_config
 
-    return lookup_config(em.info.get("recall"), records=records, demos=demos, padding=padding, filler=filler,
+    return lookup_config(em.info, records=records, demos=demos, padding=padding, filler=filler,
                          modulus=modulus, per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed)
 
 
 # shared lookup-prompt options (defaults: the study's lookup test)
-RECORDS = typer.Option(64, help="Key-name records per prompt.")
-DEMOS = typer.Option(8, help="Demonstrations before the target key.")
+RECORDS = typer.Option(None, help="Key-name records per prompt. Default, with --demos and --filler: the study's 64, "
+                       "8, 48, or for a phasekv run trained on shorter sequences the longest layout that fits "
+                       "them (96 tokens: 16, 4, 48).")
+DEMOS = typer.Option(None, help="Demonstrations before the target key (default: see --records).")
 PADDING = typer.Option("prefix", help="prefix | in-sequence padding.")
-FILLER = typer.Option(48, help="Filler tokens per prompt (fixed, so the query position is fixed).")
+FILLER = typer.Option(None, help="Filler tokens per prompt, fixed so the query position is fixed (default: see "
+                      "--records).")
 MODULUS = typer.Option(24, help="Residue groups M (target position mod M).")
 PER_GROUP = typer.Option(576, help="Prompts per residue group (rounded up to a multiple of M² unless --keep-n).")
 KEEP_N = typer.Option(False, "--keep-n", help="Keep --per-group as given (sampled, moment-matched design).")

@@ -26,7 +26,7 @@ def _prompts(plan: DemoPlan, em, padding: str = "prefix", per_group: int | None 
     from phasekv.eval.prompts import lookup_config
 
     n = per_group or plan.per_group
-    return lookup_config(em.info.get("recall"), records=plan.records, demos=plan.demos, padding=padding,
+    return lookup_config(em.info, records=plan.records, demos=plan.demos, padding=padding,
                          filler=plan.filler, modulus=plan.modulus, per_group=n, keep_n=n % plan.modulus**2 != 0,
                          mappings=plan.mappings, seed=0)
 
@@ -70,7 +70,7 @@ def flip(plan: dict, run_dir: str, out: str) -> dict:
 
     p, em = DemoPlan.from_dict(plan), _load(run_dir)
     # the flip test's lookup-style prompt, over the key/name lists the model was trained on
-    cfg = lookup_config(em.info.get("recall"), records=p.records, demos=p.demos, modulus=1, per_group=1,
+    cfg = lookup_config(em.info, records=p.records, demos=p.demos, modulus=1, per_group=1,
                         filler=2, mappings=1, seed=0)
     ps = RetrievalPrompts(cfg, em.tok)
     words, _, _, answer = ps.words(0)

@@ -56,9 +56,12 @@ def lookup(
     keep_n: bool = typer.Option(False, "--keep-n", help="Keep a non-multiple N: sample an exactly matched design "
                                 "distribution and report the achieved spread instead of rounding up."),
     modulus: int = typer.Option(24, help="Residue groups M: target key position mod M."),
-    records: int = typer.Option(64, help="Records (animal key, name) per prompt."),
-    demos: int = typer.Option(8, help="Demonstrations before the target key."),
-    filler: int = typer.Option(48, help="Filler tokens per prompt (fixed, so the query position is fixed)."),
+    records: int = typer.Option(None, help="Records (animal key, name) per prompt. Default, with --demos and "
+                                "--filler: the study's 64, 8, 48, or for a phasekv run trained on shorter "
+                                "sequences the longest layout that fits them (96 tokens: 16, 4, 48)."),
+    demos: int = typer.Option(None, help="Demonstrations before the target key (default: see --records)."),
+    filler: int = typer.Option(None, help="Filler tokens per prompt, fixed so the query position is fixed "
+                               "(default: see --records)."),
     mappings: int = typer.Option(32, help="Key-name mappings (bootstrap unit), each used at every residue."),
     marker: str = typer.Option(None, help="Token between records and demonstrations (default none, as in the study)."),
     n_keys: int = typer.Option(None, "--n-keys", help="Use only the first N animal keys (0 = all; default: what a "
@@ -80,7 +83,7 @@ def lookup(
     from phasekv.eval.run import run_retrieval
 
     em = _load(model, device, trust_remote_code, tokenizer)
-    cfg = lookup_config(em.info.get("recall"), records=records, demos=demos, padding=padding, filler=filler,
+    cfg = lookup_config(em.info, records=records, demos=demos, padding=padding, filler=filler,
                         modulus=modulus, per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed,
                         marker=marker, n_keys=n_keys, n_values=n_values)
     _check_stride(stride, modulus)

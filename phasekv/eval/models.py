@@ -26,7 +26,7 @@ class EvalModel:
     name: str  # the paper name for phasekv models, the directory / model type for HF
     kind: str  # "phasekv" | "hf"
     stride: int | None  # compression stride S (None: full attention or unknown)
-    info: dict = field(default_factory=dict)  # provenance: path, config
+    info: dict = field(default_factory=dict)  # provenance: path, config; a phasekv run's recall data and train_len
 
     @property
     def device(self) -> torch.device:
@@ -76,20 +76,22 @@ def _load_phasekv(path: Path, weights: Path, device, tokenizer) -> EvalModel:
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     cfg = model.config
+    train = _run_train(path)
+    data = train.get("data")
+    recall = data.get("recall") if isinstance(data, dict) and data.get("data") == "recall" else None
     info = {"path": str(path), "weights": str(weights), "config": cfg.to_dict(), "tokenizer": str(tokenizer or "run"),
-            "recall": _run_recall(path)}
+            "recall": recall, "train_len": train.get("seq_len")}
     return EvalModel(model, WordTokenizer(tok, str(tokenizer or path)), cfg.name, "phasekv",
                      cfg.stride if cfg.compressed else None, info)
 
 
-def _run_recall(path: Path) -> dict | None:
-    """The recall-data settings a phasekv training run was trained on (word lists, n_keys, ...), if any."""
+def _run_train(path: Path) -> dict:
+    """The training settings of a phasekv run (its config.json's "train": data, seq_len, ...); {} if none."""
     try:
         train = json.loads((path / "config.json").read_text()).get("train") or {}
     except (OSError, ValueError, AttributeError):
-        return None
-    data = train.get("data") if isinstance(train, dict) else None
-    return data.get("recall") if isinstance(data, dict) and data.get("data") == "recall" else None
+        return {}
+    return train if isinstance(train, dict) else {}
 
 
 def _load_hf(path: Path, device, trust_remote_code: bool, tokenizer) -> EvalModel:

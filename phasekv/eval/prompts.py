@@ -229,13 +229,33 @@ def _composition(total: int, parts: int, rng: np.random.Generator) -> np.ndarray
     return np.diff(np.concatenate([[-1], bars, [total + parts - 1]])) - 1
 
 
-def lookup_config(trained: dict | None = None, **kw) -> PromptConfig:
+LOOKUP_LAYOUTS = (  # (records, demos, filler), longest first: the study's lookup; the demo's (90 tokens with
+    (64, 8, 48), (16, 4, 48), (16, 2, 40))  # single-token keys); a shorter one (78)
+
+
+def lookup_layout(max_len: int | None, key_tokens: int = 1) -> dict:
+    """Records, demonstrations and filler of the longest layout whose prompts (bos, filler, records,
+    demonstrations, target key) fit in `max_len` tokens, e.g. a model's training length; None: the study's."""
+    def length(lay: tuple[int, int, int]) -> int:
+        return 1 + lay[2] + (key_tokens + 1) * (lay[0] + lay[1]) + key_tokens
+
+    fits = [lay for lay in LOOKUP_LAYOUTS if max_len is None or length(lay) <= max_len]
+    return dict(zip(("records", "demos", "filler"), fits[0] if fits else LOOKUP_LAYOUTS[-1], strict=True))
+
+
+def lookup_config(model_info: dict | None = None, **kw) -> PromptConfig:
     """The study's lookup test: 64 single-token animal -> name records, 8 demonstrations, M = 24.
-    `trained`: the recall data a phasekv run was trained on (`EvalModel.info["recall"]`): the prompts then
-    use only its words and its key length; options in kw that are not None override."""
-    t = trained or {}
+    `model_info` (`EvalModel.info`) of a phasekv recall run: the prompts use only the words it was trained on
+    and its key length, and, unless one of records, demos or filler is given, the longest layout that fits its
+    training length (a tiny run trained on 96 tokens gets 16 records, 4 demonstrations). Options in kw that
+    are None are not given."""
+    info = model_info or {}
+    t = info.get("recall") or {}
     own = {"n_keys": t.get("n_keys", 0), "n_values": t.get("n_values", 0), "key_tokens": t.get("key_words", 1)}
-    return PromptConfig(**{**own, **{k: v for k, v in kw.items() if v is not None}})
+    given = {k: v for k, v in kw.items() if v is not None}
+    if not {"records", "demos", "filler"} & set(given):
+        own.update(lookup_layout(info.get("train_len"), own["key_tokens"]))
+    return PromptConfig(**{**own, **given})
 
 
 def needle_config(context: int = 131072, records: int = 16000, **kw) -> PromptConfig:

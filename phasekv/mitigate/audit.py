@@ -21,8 +21,6 @@ from phasekv.eval.prompts import PromptConfig, lookup_config, needle_config
 ALPHA = 0.01  # level of the period-S test in the verdict
 PASS, FAIL = 0, 3  # exit codes
 NEEDLE_DENSITY = 16000 / 131072  # records per context token in the study's needle test
-LOOKUP_LAYOUTS = [  # (records, demos, filler): the study's layout, then the tiny-model demo's (78 tokens)
-    (64, 8, 48), (16, 2, 40)]
 
 
 def auto_context(em: EvalModel) -> int:
@@ -39,28 +37,11 @@ def auto_context(em: EvalModel) -> int:
     return max(256, ctx - ctx % 256 - 64)  # room for special tokens and demonstrations
 
 
-def training_length(em: EvalModel) -> int | None:
-    """Sequence length a phasekv run was trained at (its config.json), if known."""
-    path = em.info.get("path")
-    f = Path(path) / "config.json" if path else None
-    if f is None or not f.is_file():
-        return None
-    try:
-        return int(json.loads(f.read_text())["train"]["seq_len"])
-    except (KeyError, TypeError, ValueError, json.JSONDecodeError):
-        return None
-
-
 def prompt_config(em: EvalModel, task: str, per_group: int | None, modulus: int | None, context: int | None,
                   records: int | None, demos: int | None, filler: int | None, seed: int) -> PromptConfig:
     """The audit's prompts: lookup in the layout that fits the model's training length, or the needle test."""
     if task == "lookup":
-        trained = em.info.get("recall")  # a recall run: its words and key length
-        if records is None and demos is None and filler is None:
-            n, L = training_length(em), 1 + (trained or {}).get("key_words", 1)  # L: tokens per record
-            fits = [lay for lay in LOOKUP_LAYOUTS if n is None or L + lay[2] + L * (lay[0] + lay[1]) <= n]
-            records, demos, filler = fits[0] if fits else LOOKUP_LAYOUTS[-1]
-        return lookup_config(trained, seed=seed, records=records, demos=demos, filler=filler, per_group=per_group,
+        return lookup_config(em.info, seed=seed, records=records, demos=demos, filler=filler, per_group=per_group,
                              modulus=modulus)
     ctx = context or auto_context(em)
     n_rec = records or max(16, round(ctx * NEEDLE_DENSITY))

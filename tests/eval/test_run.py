@@ -136,8 +136,20 @@ def test_long_prompts_prefill_through_the_cache(model_dir, monkeypatch):
 
 def test_lookup_config_follows_the_training_data():
     """A recall run's words and key length carry over to its lookup prompts; explicit options win."""
-    trained = {"n_keys": 32, "n_values": 24, "key_words": 2}
-    cfg = lookup_config(trained, records=16, demos=2)
+    info = {"recall": {"n_keys": 32, "n_values": 24, "key_words": 2}}
+    cfg = lookup_config(info, records=16, demos=2)
     assert (cfg.n_keys, cfg.n_values, cfg.key_tokens, cfg.record_len) == (32, 24, 2, 3)
-    assert lookup_config(trained, n_keys=48, n_values=None).n_keys == 48
+    assert lookup_config(info, n_keys=48, n_values=None).n_keys == 48
     assert lookup_config(None).key_tokens == 1 and lookup_config(None).n_keys == 0  # an HF model: all words
+
+
+def test_lookup_layout_fits_the_training_length():
+    """Without records/demos/filler a run gets the longest layout that fits its training sequences; the
+    study's layout for unknown lengths; given options are kept as they are."""
+    info = {"recall": {"n_keys": 32, "n_values": 32}, "train_len": 96}
+    cfg = lookup_config(info)
+    assert (cfg.records, cfg.demos, cfg.filler) == (16, 4, 48)
+    assert 1 + cfg.filler + cfg.record_len * (cfg.records + cfg.demos) + cfg.key_tokens == 90 <= 96
+    assert (lookup_config({"train_len": 80}).records, lookup_config({"train_len": 80}).demos) == (16, 2)
+    assert lookup_config({"train_len": 4096}).records == 64 and lookup_config(None).records == 64
+    assert lookup_config(info, records=12).records == 12 and lookup_config(info, records=12).demos == 8
