@@ -31,7 +31,7 @@ class DemoPlan:
     # held-out lookup (one every 2 tokens): the lookup then stresses the compressed memory as the study's does.
     # With `phasekv train`'s denser default layout the tiny W8/S4 learns to split the phases between its two
     # layers (2 layers x 1 KV x 2 tokens / S = 4: one entry per record) and shows no gap; trained spaced out,
-    # it keeps one record per stride and its weak phases appear on dense prompts (measured, see README)
+    # its layer 0 keeps phases 0-1, layer 1 phase 3, and phase 2 is weak on dense prompts (measured, see README)
     # --- lookup prompts (held out: adjacent records, demonstrations, no marker; the run's key/name lists) ---
     records: int = 16  # key-name records per prompt
     demos: int = 4  # demonstrations before the target key
@@ -57,6 +57,10 @@ class DemoPlan:
 
         more = {tuple(sorted(parse_name(m).items())): n for m, n in self.more_steps.items()}
         return more.get(tuple(sorted(parse_name(model).items())), self.steps)
+
+    def steps_text(self) -> str:
+        """The training budget in words, e.g. '1600 steps per model (W8/S8 · 1 KV · uniform averaging: 3200)'."""
+        return f"{self.steps} steps per model" + "".join(f" ({m}: {n})" for m, n in self.more_steps.items())
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

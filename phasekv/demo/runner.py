@@ -169,8 +169,7 @@ def _manifest(root: Path, plan: DemoPlan, jobs: int) -> dict:
             "version": phasekv.__version__, "threads": f"{jobs} worker process(es) × 1",
             "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, torch {__import__('torch').__version__}",
             "data": {"description": f"synthetic associative recall ({', '.join(f'{k}={v}' for k, v in plan.recall.items())}), "
-                                    f"seq_len {plan.seq_len}, batch {plan.batch_size}, {plan.steps} steps per model"
-                                    + "".join(f" ({m}: {n})" for m, n in plan.more_steps.items()) + "; lookup "
+                                    f"seq_len {plan.seq_len}, batch {plan.batch_size}, {plan.steps_text()}; lookup "
                                     f"prompts: {plan.records} records, {plan.demos} demonstrations, filler "
                                     f"{plan.filler}, M = {plan.modulus}, {plan.per_group} prompts per residue group"},
             "created": old.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -281,8 +280,7 @@ def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool) ->
     _write_manifest(root, manifest)
     tasks = build_tasks(root, plan)
     console.print(f"[bold]phasekv demo[/] ({plan.mode}): {len(plan.models)} models at the {plan.preset} preset, "
-                  f"{plan.steps} steps each" + "".join(f", {n} for {m}" for m, n in plan.more_steps.items())
-                  + f", {jobs} worker(s) -> {root}")
+                  f"{plan.steps_text()}, {jobs} worker(s) -> {root}")
     t0, load0 = time.time(), os.getloadavg()[0]
     timings = dict(manifest.get("tasks", {}))
     ran = []

@@ -71,7 +71,7 @@ def flip(plan: dict, run_dir: str, out: str) -> dict:
     p, em = DemoPlan.from_dict(plan), _load(run_dir)
     # the flip test's lookup-style prompt, over the key/name lists the model was trained on
     cfg = lookup_config(em.info, records=p.records, demos=p.demos, modulus=1, per_group=1,
-                        filler=2, mappings=1, seed=0)
+                        filler=2, mappings=1, seed=0)  # filler >= record length - 1 (3 with two-word keys)
     ps = RetrievalPrompts(cfg, em.tok)
     words, _, _, answer = ps.words(0)
     wrong = next(v for v in ps.mapping(0)[1] if v != answer)

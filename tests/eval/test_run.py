@@ -149,7 +149,8 @@ def test_lookup_layout_fits_the_training_length():
     info = {"recall": {"n_keys": 32, "n_values": 32}, "train_len": 96}
     cfg = lookup_config(info)
     assert (cfg.records, cfg.demos, cfg.filler) == (16, 4, 48)
-    assert 1 + cfg.filler + cfg.record_len * (cfg.records + cfg.demos) + cfg.key_tokens == 90 <= 96
+    prompt_len = 1 + cfg.filler + cfg.record_len * (cfg.records + cfg.demos) + cfg.key_tokens
+    assert prompt_len == 90 and prompt_len <= info["train_len"]
     assert (lookup_config({"train_len": 80}).records, lookup_config({"train_len": 80}).demos) == (16, 2)
     assert lookup_config({"train_len": 4096}).records == 64 and lookup_config(None).records == 64
     assert lookup_config(info, records=12).records == 12 and lookup_config(info, records=12).demos == 8
