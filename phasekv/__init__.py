@@ -1,6 +1,6 @@
 """phasekv: find, explain and repair periodic weak spots of compressed-KV-cache language models."""
 
-from phasekv.model.config import ModelConfig
+from phasekv.config import ModelConfig
 from phasekv.model.transformer import PhaseLM
 
 __all__ = ["ModelConfig", "PhaseLM"]

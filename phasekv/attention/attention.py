@@ -16,7 +16,7 @@ from phasekv.attention.compressor import Compressor, Partial
 from phasekv.attention.norm import RMSNorm
 from phasekv.attention.positions import Grid
 from phasekv.attention.rope import apply_rope
-from phasekv.model.config import ModelConfig
+from phasekv.config import ModelConfig
 
 DECODE_CHUNK = 64  # cached chunks up to this many tokens attend in place (decode); longer ones blockwise
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from phasekv.attention.norm import RMSNorm
-from phasekv.model.config import ModelConfig
+from phasekv.config import ModelConfig
 
 
 @dataclass

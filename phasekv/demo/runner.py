@@ -29,10 +29,10 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from phasekv.config import ModelConfig
 from phasekv.demo import stages
 from phasekv.demo.plan import DemoPlan, plan_for
 from phasekv.errors import ConfigError, PhaseKVError
-from phasekv.model.config import ModelConfig
 from phasekv.report.layout import THEORY_CHECKS, Layout, done
 
 console = Console()

@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phasekv.config import ModelConfig
 from phasekv.errors import ConfigError, DataError
 from phasekv.model.cli import cache_bytes
-from phasekv.model.config import ModelConfig
 from phasekv.model.transformer import PhaseLM
 
 SCHEMA = "phasekv.compare/1"

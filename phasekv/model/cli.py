@@ -9,8 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from phasekv.config import PRESETS, ModelConfig
 from phasekv.errors import ConfigError
-from phasekv.model.config import PRESETS, ModelConfig
 from phasekv.model.transformer import PhaseLM
 
 console = Console()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from phasekv.config import ModelConfig
 from phasekv.errors import ConfigError
-from phasekv.model.config import ModelConfig
 
 # phasekv parameter name (per layer "{i}") -> transformers Qwen3 parameter name
 LAYER_NAMES = {

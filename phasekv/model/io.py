@@ -12,8 +12,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from phasekv.config import ModelConfig
 from phasekv.errors import CheckpointError
-from phasekv.model.config import ModelConfig
 from phasekv.model.manifest import MANIFEST_FILE, verify_manifest
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"

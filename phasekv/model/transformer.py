@@ -9,8 +9,8 @@ from torch import nn
 from phasekv.attention.attention import Attention
 from phasekv.attention.cache import PhaseCache
 from phasekv.attention.norm import RMSNorm
+from phasekv.config import ModelConfig
 from phasekv.errors import ConfigError
-from phasekv.model.config import ModelConfig
 
 
 class MLP(nn.Module):

@@ -103,7 +103,7 @@ def _stages(layout: Layout, parent: Path) -> dict[str, Stage]:
 
 def _model(alias: str, hints: dict) -> Model:
     """Compression attributes from the paper name (one source of truth), else from a result's summary."""
-    from phasekv.model.config import ModelConfig
+    from phasekv.config import ModelConfig
 
     name = hints.get("name") or alias
     try:

@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from phasekv.config import ModelConfig
 from phasekv.data.recall import RecallStream, recall_accuracy
 from phasekv.data.sources import DataConfig, build_stream, data_tokenizer
 from phasekv.data.stream import IGNORE, batch
 from phasekv.data.tokenizer import describe, load_tokenizer, save_tokenizer
 from phasekv.errors import CheckpointError, ConfigError, PhaseKVError
 from phasekv.mitigate.regulariser import CoverageProbe
-from phasekv.model.config import ModelConfig
 from phasekv.model.transformer import PhaseLM
 from phasekv.train import checkpoint as ck
 from phasekv.train.config import TrainConfig

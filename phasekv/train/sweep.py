@@ -28,9 +28,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from phasekv.config import ModelConfig
 from phasekv.data.sources import DataConfig
 from phasekv.errors import ConfigError, PhaseKVError
-from phasekv.model.config import ModelConfig
 from phasekv.train.checkpoint import latest_checkpoint
 from phasekv.train.config import TrainConfig
 

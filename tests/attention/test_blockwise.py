@@ -12,8 +12,8 @@ from phasekv.attention import blockwise
 from phasekv.attention.attention import attend
 from phasekv.attention.cache import NO_POSITION
 from phasekv.attention.positions import Grid
+from phasekv.config.names import PAPER_GRID
 from phasekv.errors import ConfigError
-from phasekv.model.names import PAPER_GRID
 
 TOL = 1e-5
 SMALL = dict(preset="tiny", vocab_size=61, n_layers=2, d_model=32, n_heads=8, head_dim=16, d_ff=48)

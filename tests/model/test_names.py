@@ -3,8 +3,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phasekv import ModelConfig
+from phasekv.config.names import PAPER_GRID, parse_name
 from phasekv.errors import ConfigError, ModelNameError
-from phasekv.model.names import PAPER_GRID, parse_name
 
 
 @pytest.mark.parametrize("name", PAPER_GRID)

@@ -281,13 +281,13 @@ def test_cli_bad_input(case, d, tmp_path, monkeypatch):
 
 # Python API: (id, call(d) -> anything, exception type, message regex)
 def _api_cases():
+    from phasekv.config.names import parse_name
     from phasekv.data.corpus import iter_documents, resolve_files
     from phasekv.data.tokenizer import load_tokenizer
     from phasekv.errors import CheckpointError, ConfigError, DataError, ModelNameError
     from phasekv.eval.design import make_design
     from phasekv.eval.prompts import PromptConfig, RetrievalPrompts, needle_config
     from phasekv.eval.tokens import WordTokenizer
-    from phasekv.model.names import parse_name
     from phasekv.train import TrainConfig, load_run
     from phasekv.train.sweep import load_sweep
 

@@ -8,12 +8,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from phasekv import ModelConfig
+from phasekv.config.names import parse_name
 from phasekv.data.tokenizer import build_word_tokenizer
 from phasekv.errors import ConfigError, DataError, ModelNameError
 from phasekv.eval.design import make_design, round_up
 from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
 from phasekv.eval.tokens import WordTokenizer
-from phasekv.model.names import parse_name
 
 WT = WordTokenizer(build_word_tokenizer(), "word")
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -16,8 +16,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from phasekv.config import ModelConfig  # noqa: E402
 from phasekv.eval.stats import summarize  # noqa: E402
-from phasekv.model.config import ModelConfig  # noqa: E402
 from phasekv.report.layout import Layout  # noqa: E402
 
 MODELS = ["full-1kv", "w8s8-1kv", "w8s4-1kv", "w8s8-1kv-uniform", "w6s6-1kv"]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from phasekv.config.names import PAPER_GRID
 from phasekv.errors import ConfigError
-from phasekv.model.names import PAPER_GRID
 from phasekv.train import checkpoint as ck
 from phasekv.train import loop, sweep
 from phasekv.train.checkpoint import latest_checkpoint

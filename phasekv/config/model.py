@@ -6,6 +6,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from phasekv.config.names import format_alias, format_name, parse_name
 from phasekv.errors import ConfigError
 
 CONFIG_VERSION = 1
@@ -80,14 +81,10 @@ class ModelConfig:
 
     @property
     def name(self) -> str:
-        from phasekv.model.names import format_name
-
         return format_name(self)
 
     @property
     def alias(self) -> str:
-        from phasekv.model.names import format_alias
-
         return format_alias(self)
 
     def grid_offset(self, layer: int) -> int:
@@ -100,8 +97,6 @@ class ModelConfig:
     @classmethod
     def from_name(cls, name: str, preset: str = "tiny", vocab_size: int | None = None, **overrides) -> ModelConfig:
         """Config from a paper name (`W8/S8 · 1 KV · no RoPE`) or ASCII alias (`w8s8-1kv-norope`)."""
-        from phasekv.model.names import parse_name
-
         fields = preset_fields(preset)
         fields.update(parse_name(name))
         if vocab_size is not None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from phasekv.errors import ModelNameError
 
 if TYPE_CHECKING:
-    from phasekv.model.config import ModelConfig
+    from phasekv.config.model import ModelConfig
 
 SEP = " · "
 DEEPSEEK = dict(window=8, stride=4, n_kv_heads=1, gate="vector", tied_kv=True, rope_dims=16)

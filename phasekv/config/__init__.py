@@ -1,0 +1,10 @@
+"""Layer 2 (above errors/io): what a model *is*, as data. `ModelConfig` (a Qwen3-shaped backbone plus the study's
+compression attributes), its presets, and the paper-style names that map to it and back.
+
+It sits below `attention` and `model` because both build modules from a config; it imports nothing but
+`phasekv.errors`, so every layer above can describe a model without building one.
+"""
+
+from phasekv.config.model import CONFIG_VERSION, GATES, PRESETS, ModelConfig, preset_fields
+
+__all__ = ["CONFIG_VERSION", "GATES", "PRESETS", "ModelConfig", "preset_fields"]
