@@ -26,7 +26,16 @@ def _device(spec: str) -> str:
     return spec
 
 
-def _load(model: Path, device: str, trust_remote_code: bool, tokenizer: Path | None):
+def _load(model: Path | None, device: str, trust_remote_code: bool, tokenizer: Path | None, server: str | None = None,
+          served_model: str | None = None, concurrency: int = 8):
+    """The model of --model, or the model served at --server (`phasekv.eval.engine`)."""
+    if (model is None) == (server is None):
+        raise ConfigError("give --model DIR, or --server URL with --served-model NAME (one of the two)")
+    if server is not None:
+        from phasekv.eval.engine import connect
+
+        return connect(server, served_model, tokenizer=tokenizer, trust_remote_code=trust_remote_code,
+                       concurrency=concurrency)
     from phasekv.eval.models import load
 
     return load(model, device=_device(device), trust_remote_code=trust_remote_code, tokenizer=tokenizer)
@@ -42,8 +51,16 @@ def _finish(summary: dict | None, out: Path) -> None:
 
 
 COMMON = {
-    "model": typer.Option(..., "--model", help=MODEL_HELP),
+    "model": typer.Option(None, "--model", help=MODEL_HELP + " Or --server."),
     "out": typer.Option(..., "--out", help="Output directory (results.parquet, summary.json, accuracy.png)."),
+}
+ENGINE = {  # a model served by an inference engine instead of --model (phasekv.eval.engine)
+    "server": typer.Option(None, "--server", help="Evaluate the model an inference engine serves at this address "
+                           "(vLLM's OpenAI-compatible server, e.g. http://127.0.0.1:8000) instead of --model."),
+    "served_model": typer.Option(None, "--served-model", help="With --server: the served model's name; its "
+                                 "tokenizer is --tokenizer or the directory the server loaded."),
+    "concurrency": typer.Option(8, "--concurrency", help="With --server: requests in flight (--batch-size prompts "
+                                "each)."),
 }
 
 
@@ -77,12 +94,17 @@ def lookup(
     fresh: bool = typer.Option(False, "--fresh", help="Ignore partial results of an interrupted run."),
     ensemble: int = typer.Option(1, "--ensemble", help="Phase ensembling: average the answer log-probabilities "
                                  "over K shifts spread over 0..S-1 (K forward passes per prompt; 1 = plain)."),
+    server: str = ENGINE["server"],
+    served_model: str = ENGINE["served_model"],
+    concurrency: int = ENGINE["concurrency"],
 ) -> None:
     """Animal-to-name lookup: R records, D demonstrations, the target key; top-1 accuracy per residue."""
     from phasekv.eval.prompts import lookup_config
     from phasekv.eval.run import run_retrieval
 
-    em = _load(model, device, trust_remote_code, tokenizer)
+    if ensemble != 1 and server is not None:
+        raise ConfigError("--ensemble needs the model in process (--model), not --server")
+    em = _load(model, device, trust_remote_code, tokenizer, server, served_model, concurrency)
     cfg = lookup_config(em.info, records=records, demos=demos, padding=padding, filler=filler,
                         modulus=modulus, per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed,
                         marker=marker, n_keys=n_keys, n_values=n_values)
@@ -116,6 +138,9 @@ def needle(
     tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
     fresh: bool = typer.Option(False, "--fresh", help="Ignore partial results of an interrupted run."),
+    server: str = ENGINE["server"],
+    served_model: str = ENGINE["served_model"],
+    concurrency: int = ENGINE["concurrency"],
 ) -> None:
     """Position-matched needle test: one target key near the middle of a long context of records."""
     from phasekv.eval.prompts import needle_config
@@ -123,7 +148,7 @@ def needle(
 
     cfg = needle_config(context=context, records=records, padding=padding, per_group=per_group, keep_n=keep_n,
                         modulus=modulus, demos=demos, mappings=mappings, seed=seed, separator=separator)
-    em = _load(model, device, trust_remote_code, tokenizer)
+    em = _load(model, device, trust_remote_code, tokenizer, server, served_model, concurrency)
     _check_stride(stride, modulus)
     _finish(run_retrieval("needle", em, cfg, out, batch_size=batch_size, interval=interval, stride=stride,
                           resume=not fresh), out)
@@ -144,6 +169,9 @@ def flip(
     device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
     tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
+    server: str = ENGINE["server"],
+    served_model: str = ENGINE["served_model"],
+    concurrency: int = ENGINE["concurrency"],
 ) -> None:
     """Filler sweep: P(candidate) as filler grows one token at a time; counts rankings periodic in L mod S."""
     from phasekv.eval.flip import FlipConfig, run_flip
@@ -152,7 +180,7 @@ def flip(
     fams = [f for f in _split_families(families) if f]
     cfg = FlipConfig(prompt=prompt, candidates=cands, families=fams, lengths=lengths, start=start, records=records,
                      seed=seed)
-    em = _load(model, device, trust_remote_code, tokenizer)
+    em = _load(model, device, trust_remote_code, tokenizer, server, served_model, concurrency)
     s = run_flip(em, cfg, out, stride=stride)
     console.print(f"[bold]{s['model']}[/] · candidates {s['candidates']} · S={s['stride']}")
     for fam, f in s["families"].items():
@@ -184,3 +212,20 @@ def _split_families(spec: str) -> list[str]:
 def _check_stride(stride: int | None, modulus: int) -> None:
     if stride is not None and (stride < 1 or modulus % stride):
         raise ConfigError(f"--stride {stride} must divide --modulus {modulus}")
+
+
+def export_command(
+    model: Path = typer.Option(..., "--model", help="A full-attention phasekv run, checkpoint or PhaseLM.save "
+                               "directory."),
+    out: Path = typer.Option(..., "--out", help="Output directory (config.json, model.safetensors, tokenizer)."),
+) -> None:
+    """Export a full-attention model as a Hugging Face Qwen3 directory (transformers, vLLM, SGLang load it) that
+    carries the run's evaluation metadata, so `phasekv eval`/`audit` build the run's prompts for it."""
+    from phasekv.eval.export import export
+
+    export(model, out)
+    console.print(f"wrote {out}/ (config.json with the evaluation metadata, model.safetensors, tokenizer files)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export_command)

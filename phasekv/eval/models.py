@@ -2,7 +2,8 @@
 
 `EvalModel.last_logits(ids)` returns the next-token logits at the last position only: phasekv models
 prefill long prompts chunk by chunk through their decode cache (memory grows with the cache, not T^2),
-Hugging Face models are asked for the last position's logits only.
+Hugging Face models are asked for the last position's logits only. A model served by an inference engine
+(`phasekv.eval.engine.EngineModel`) scores the same prompts through HTTP requests instead.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from phasekv.errors import CheckpointError
 from phasekv.eval.tokens import WordTokenizer
+from phasekv.model.hf import EVAL_KEY
 
 PREFILL_CHUNK = 4096  # phasekv prompts longer than this are prefilled through the cache in chunks
 
@@ -36,6 +38,18 @@ class EvalModel:
     def last_logits(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, T) -> logits at position T-1, (B, V), float32."""
         return last_logits(self.model, ids)
+
+    def score(self, prompts, protocol: str, batch_size: int = 32):
+        """Rows of scored prompts, a list per batch (`phasekv.eval.run.score` on this model)."""
+        from phasekv.eval.run import score  # run.py imports this module
+
+        return score(self.model, self.tok, prompts, protocol, batch_size)
+
+    def candidate_logprobs(self, ids: list[int], cands: list[list[int]]) -> list[float]:
+        """log P(candidate | ids) per candidate (`phasekv.eval.flip.candidate_logprobs` on this model)."""
+        from phasekv.eval.flip import candidate_logprobs  # flip.py imports this module
+
+        return candidate_logprobs(self.model, ids, cands)
 
 
 @torch.no_grad()
@@ -76,22 +90,31 @@ def _load_phasekv(path: Path, weights: Path, device, tokenizer) -> EvalModel:
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     cfg = model.config
-    train = _run_train(path)
-    data = train.get("data")
-    recall = data.get("recall") if isinstance(data, dict) and data.get("data") == "recall" else None
     info = {"path": str(path), "weights": str(weights), "config": cfg.to_dict(), "tokenizer": str(tokenizer or "run"),
-            "recall": recall, "train_len": train.get("seq_len")}
+            **evaluation_info(path)}
     return EvalModel(model, WordTokenizer(tok, str(tokenizer or path)), cfg.name, "phasekv",
                      cfg.stride if cfg.compressed else None, info)
 
 
-def _run_train(path: Path) -> dict:
-    """The training settings of a phasekv run (its config.json's "train": data, seq_len, ...); {} if none."""
+def evaluation_info(path: str | Path) -> dict:
+    """What a run's prompts follow, {"recall": its recall layout and words or None, "train_len": its training
+    length or None}: from a phasekv run's config.json ("train") or an export's (EVAL_KEY, `phasekv export`)."""
+    config = config_json(path)
+    if isinstance(config.get(EVAL_KEY), dict):
+        return {"recall": config[EVAL_KEY].get("recall"), "train_len": config[EVAL_KEY].get("train_len")}
+    train = config.get("train") if isinstance(config.get("train"), dict) else {}
+    data = train.get("data")
+    recall = data.get("recall") if isinstance(data, dict) and data.get("data") == "recall" else None
+    return {"recall": recall, "train_len": train.get("seq_len")}
+
+
+def config_json(directory: str | Path) -> dict:
+    """A directory's config.json as a dict ({} when it is missing, unreadable or not an object)."""
     try:
-        train = json.loads((path / "config.json").read_text()).get("train") or {}
-    except (OSError, ValueError, AttributeError):
+        config = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
         return {}
-    return train if isinstance(train, dict) else {}
+    return config if isinstance(config, dict) else {}
 
 
 def _load_hf(path: Path, device, trust_remote_code: bool, tokenizer) -> EvalModel:
@@ -106,15 +129,16 @@ def _load_hf(path: Path, device, trust_remote_code: bool, tokenizer) -> EvalMode
         raise CheckpointError(f"{path}: not a loadable Hugging Face causal LM ({' '.join(str(exc).split())[:200]}){hint}") from None
     model = model.to(device).eval()
     cfg = model.config
-    stride = _hf_stride(cfg)
-    info = {"path": str(path), "config": {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}}
+    stride = hf_stride(cfg.to_dict())
+    info = {"path": str(path), "config": {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))},
+            **{k: v for k, v in evaluation_info(path).items() if v is not None}}  # an export's run metadata
     return EvalModel(model, WordTokenizer(tok, str(tokenizer or path)), f"{cfg.model_type}:{path.name}", "hf", stride, info)
 
 
-def _hf_stride(cfg) -> int | None:
+def hf_stride(config: dict) -> int | None:
     """Compression stride declared by an HF config (DeepSeek-V4-style `compress_ratio` etc.), if any."""
     for key in ("compress_stride", "compression_stride", "compress_ratio"):
-        v = getattr(cfg, key, None)
+        v = config.get(key)
         if isinstance(v, int) and v > 0:
             return v
     return None
