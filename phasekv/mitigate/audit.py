@@ -25,8 +25,10 @@ NEEDLE_DENSITY = 16000 / 131072  # records per context token in the study's need
 
 def auto_context(em: EvalModel) -> int:
     """Needle context that fits: the model's position limit, capped by memory (about 1K tokens per GiB of
-    accelerator memory; 2,048 tokens on CPU)."""
-    if em.device.type == "cuda":
+    accelerator memory; 2,048 tokens on CPU; a served model: the server's limit, up to the study's 128K)."""
+    if em.kind == "engine":
+        budget = em.max_len or 131072
+    elif em.device.type == "cuda":
         gib = torch.cuda.get_device_properties(em.device).total_memory / 2**30
         budget = int(gib * 1024)
     else:
@@ -96,8 +98,8 @@ def run_audit(em: EvalModel, out: Path, stride: int | None = None, max_gap: floa
 
     if max_gap < 0:
         raise ConfigError(f"--max-gap {max_gap} must be >= 0 (points)")
-    if task == "auto":
-        task = "lookup" if em.kind == "phasekv" else "needle"
+    if task == "auto":  # lookup for phasekv models and their exports (they carry the run's recall words)
+        task = "lookup" if em.kind == "phasekv" or em.info.get("recall") else "needle"
     if task not in ("lookup", "needle"):
         raise ConfigError(f"--task must be auto, lookup or needle, got {task!r}")
     stride = stride or em.stride
