@@ -68,6 +68,9 @@ ENGINE = {  # a model served by an inference engine instead of --model (phasekv.
 def lookup(
     model: Path = COMMON["model"],
     out: Path = COMMON["out"],
+    server: str = ENGINE["server"],
+    served_model: str = ENGINE["served_model"],
+    concurrency: int = ENGINE["concurrency"],
     padding: str = typer.Option("prefix", help=PADDING_HELP),
     per_group: int = typer.Option(576, "--per-group", help=PER_GROUP_HELP),
     keep_n: bool = typer.Option(False, "--keep-n", help="Keep a non-multiple N: sample an exactly matched design "
@@ -94,9 +97,6 @@ def lookup(
     fresh: bool = typer.Option(False, "--fresh", help="Ignore partial results of an interrupted run."),
     ensemble: int = typer.Option(1, "--ensemble", help="Phase ensembling: average the answer log-probabilities "
                                  "over K shifts spread over 0..S-1 (K forward passes per prompt; 1 = plain)."),
-    server: str = ENGINE["server"],
-    served_model: str = ENGINE["served_model"],
-    concurrency: int = ENGINE["concurrency"],
 ) -> None:
     """Animal-to-name lookup: R records, D demonstrations, the target key; top-1 accuracy per residue."""
     from phasekv.eval.prompts import lookup_config
@@ -121,6 +121,9 @@ def lookup(
 def needle(
     model: Path = COMMON["model"],
     out: Path = COMMON["out"],
+    server: str = ENGINE["server"],
+    served_model: str = ENGINE["served_model"],
+    concurrency: int = ENGINE["concurrency"],
     context: int = typer.Option(131072, help="Context tokens per prompt (special tokens not counted)."),
     records: int = typer.Option(16000, help="Four-token key-value records in the context."),
     padding: str = typer.Option("in-sequence", help=PADDING_HELP),
@@ -138,9 +141,6 @@ def needle(
     tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
     fresh: bool = typer.Option(False, "--fresh", help="Ignore partial results of an interrupted run."),
-    server: str = ENGINE["server"],
-    served_model: str = ENGINE["served_model"],
-    concurrency: int = ENGINE["concurrency"],
 ) -> None:
     """Position-matched needle test: one target key near the middle of a long context of records."""
     from phasekv.eval.prompts import needle_config
@@ -158,6 +158,9 @@ def needle(
 def flip(
     model: Path = COMMON["model"],
     out: Path = typer.Option(..., "--out", help="Output directory (results.parquet, summary.json, flip.png)."),
+    server: str = ENGINE["server"],
+    served_model: str = ENGINE["served_model"],
+    concurrency: int = ENGINE["concurrency"],
     prompt: str = typer.Option(None, help="Prompt text (default: a short lookup prompt from the shipped words)."),
     candidates: str = typer.Option(None, help="Comma-separated continuations incl. leading spaces, e.g. ' 8, 32'."),
     families: str = typer.Option("words,repeat:the,repeat:=,repeat:,", help="Filler families: words, repeat:X."),
@@ -169,9 +172,6 @@ def flip(
     device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
     tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
-    server: str = ENGINE["server"],
-    served_model: str = ENGINE["served_model"],
-    concurrency: int = ENGINE["concurrency"],
 ) -> None:
     """Filler sweep: P(candidate) as filler grows one token at a time; counts rankings periodic in L mod S."""
     from phasekv.eval.flip import FlipConfig, run_flip

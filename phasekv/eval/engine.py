@@ -92,14 +92,15 @@ class EngineClient:
 
     def call(self, path: str, payload: dict | None = None) -> dict:
         """GET (payload None) or POST `path`; the decoded JSON answer, or EngineError in one line."""
-        for attempt in range(self.cfg.retries + 1):
+        attempt = 0
+        while True:
             try:
                 return self._once(self.cfg.base + path, payload)
             except _Retry as exc:
                 if attempt == self.cfg.retries:
                     raise EngineError(str(exc)) from None
                 time.sleep(self.cfg.backoff * 2**attempt)
-        raise AssertionError("unreachable")
+                attempt += 1
 
     def _once(self, url: str, payload: dict | None) -> dict:
         headers = {"Content-Type": "application/json"}
@@ -114,7 +115,7 @@ class EngineClient:
             if exc.code in RETRY_STATUS:
                 raise _Retry(message) from None
             raise EngineError(message, exc.code) from None
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        except (OSError, http.client.HTTPException) as exc:  # URLError: refused, reset, timed out, cut short
             raise _Retry(f"cannot reach the server at {self.cfg.base} ({getattr(exc, 'reason', exc)})") from None
         try:
             return json.loads(body)
@@ -184,10 +185,10 @@ def prompt_logprob(choice: dict, position: int, token: int) -> float:
     """log P(prompt token at `position` = `token`) from a choice's prompt log-probabilities."""
     entries = choice.get("prompt_logprobs") or []
     entry = entries[position] if -len(entries) <= position < len(entries) else None
-    if not isinstance(entry, dict) or str(token) not in entry:
+    value = entry.get(str(token)) if isinstance(entry, dict) else None  # vLLM: {"id": {"logprob", "rank", ...}}
+    if not isinstance(value, dict) or "logprob" not in value:
         raise EngineError("the server returned no prompt log-probabilities (vLLM's `prompt_logprobs`)")
-    value = entry[str(token)]
-    return float(value["logprob"] if isinstance(value, dict) else value)
+    return float(value["logprob"])
 
 
 def top1(logprobs: dict[int, float]) -> int:
@@ -205,10 +206,6 @@ class EngineModel(EvalModel):
     @property
     def device(self) -> torch.device:
         return torch.device("cpu")  # where the run's own tensors live; the model's are on the server
-
-    def last_logits(self, ids: torch.Tensor) -> torch.Tensor:
-        raise ConfigError(f"{self.name}: a served model gives log-probabilities of its top tokens, not logits; "
-                          "this needs the model in process (--model)")
 
     def score(self, prompts: Iterable[Prompt], protocol: str, batch_size: int = 32) -> Iterator[list[dict]]:
         """Rows of the prompts, a list per request, in the order the requests finish (runs sort by pid)."""

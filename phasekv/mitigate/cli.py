@@ -48,6 +48,9 @@ def compare_command(
 def audit_command(
     model: Path = typer.Option(None, "--model", help="A phasekv run/model directory or a Hugging Face causal LM "
                                                      "directory (or --server)."),
+    server: str = ENGINE["server"],
+    served_model: str = ENGINE["served_model"],
+    concurrency: int = ENGINE["concurrency"],
     stride: int = typer.Option(None, help="Compression stride S to test for (default: the model's)."),
     max_gap: float = typer.Option(10.0, "--max-gap", help="Gap threshold in points: exit 0 below it, 3 otherwise."),
     out: Path = typer.Option(None, "--out", help="Output directory (default: ./audit-<model dir name>)."),
@@ -63,9 +66,6 @@ def audit_command(
     device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
     tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
-    server: str = ENGINE["server"],
-    served_model: str = ENGINE["served_model"],
-    concurrency: int = ENGINE["concurrency"],
 ) -> None:
     """Phase audit in one command: retrieval by residue, periodicity, verdict, figure; exit 0 (gap < --max-gap)
     or 3 (gap >= --max-gap), so it can gate a model release in CI.
