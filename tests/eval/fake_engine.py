@@ -21,6 +21,8 @@ class FakeEngine:
         self.has_tokenize = True
         self.logprobs = True  # False: completions come back without log-probabilities
         self.token_ids = True  # False: tokens come back as strings, whatever the request says
+        self.prompt_logprobs = True  # False: `prompt_logprobs` is ignored
+        self.authorization: str | None = None  # the last request's Authorization header
         self.busy = 0  # answer the next N completion requests with HTTP 503
         self.fail_after: int | None = None  # answer completion requests after the first N with HTTP 400
         self.delay = 0.0  # seconds each completion request takes (to see requests overlap)
@@ -83,7 +85,7 @@ class FakeEngine:
             top = torch.topk(lp[-1], k)
             out["logprobs"] = {"tokens": [key(int(top.indices[0]))], "token_logprobs": [float(top.values[0])],
                                "top_logprobs": [{key(int(t)): float(v) for t, v in zip(top.indices, top.values, strict=True)}]}
-        if body.get("prompt_logprobs") is not None:
+        if body.get("prompt_logprobs") is not None and self.prompt_logprobs:
             out["prompt_logprobs"] = [None] + [{str(t): {"logprob": float(lp[j, t]), "rank": 1 + int((lp[j] > lp[j, t]).sum())}}
                                                for j, t in enumerate(ids[1:])]
         return out
@@ -99,6 +101,7 @@ def _handler(engine: FakeEngine):
             self.answer(*(engine.models() if self.path == "/v1/models" else (404, {"detail": "Not Found"})))
 
         def do_POST(self):
+            engine.authorization = self.headers.get("Authorization")
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             routes = {"/tokenize": engine.tokenize, "/v1/completions": engine.complete}
             self.answer(*(routes[self.path](body) if self.path in routes else (404, {"detail": "Not Found"})))

@@ -144,6 +144,15 @@ def test_prompts_longer_than_the_server_allows(inproc, server, tmp_path):
         run_retrieval("lookup", em, lookup_config(em.info, **LAYOUT), tmp_path, progress=False)
 
 
+def test_answers_outside_the_top_k_need_prompt_logprobs(inproc, server, tmp_path, monkeypatch):
+    server.prompt_logprobs = False
+    monkeypatch.setenv("PHASEKV_SERVER_API_KEY", "secret")
+    em = connect(server.url, "tiny", top_logprobs=1, **FASTER)
+    assert server.authorization == "Bearer secret"
+    with pytest.raises(EngineError, match="no prompt log-probabilities"):
+        run_retrieval("lookup", em, lookup_config(em.info, **LAYOUT), tmp_path, progress=False)
+
+
 def test_settings_and_tokenizer_source_checked(server):
     with pytest.raises(ConfigError, match="expected an address like http://"):
         connect("127.0.0.1:8000", "tiny")
