@@ -2,6 +2,8 @@
 
 For W = S, cycling by delta sets Z~_i = Z_{(i - delta) mod W} and b~_i = b_{(i - delta) mod W} in every
 compressed layer, key and value branch alike (`torch.roll` along the offset dim 0); payloads C_i stay.
+The compressor variant says which parameters are offset-specific (`Compressor.cycled_params`): the paper's
+Z_i and b_i; for DeepSeek-V4's compressor only the slot bias (`position_bias`), its projections are shared.
 If static gate preferences decide which phases are retrieved well, A_delta(r) ~ A_0((r - delta) mod S).
 The test: R^2 (squared correlation) of predicted change A_0((r - delta) mod S) - A_0(r) against observed
 change A_delta(r) - A_0(r) over the phases r other than the boundary phase, with a bootstrap 95% interval
@@ -26,20 +28,15 @@ def check_cyclable(model) -> None:
     if not cfg.compressed or cfg.window != cfg.stride:
         raise ConfigError(f"{cfg.name}: gate cycling needs a compressed model with W = S (window {cfg.window}, "
                           f"stride {cfg.stride})")
-    if cfg.gate == "uniform":
-        raise ConfigError(f"{cfg.name}: uniform averaging has no gate parameters to cycle")
+    if not gate_params(model):
+        raise ConfigError(f"{cfg.name}: no offset-specific gate parameters to cycle (uniform averaging, or a "
+                          f"V4 compressor without its slot bias)")
 
 
 def gate_params(model) -> list[torch.nn.Parameter]:
-    """Offset-specific gate parameters (Z_i, b_i) of every compressed layer and branch; offsets are dim 0."""
-    params = []
-    for block in model.layers:
-        comp = block.attn.compressor
-        if comp is None:
-            continue
-        for branch in comp.branches():
-            params += [p for p in (branch.gate_weight, branch.gate_bias) if p is not None]
-    return params
+    """Offset-specific gate parameters of every compressed layer and branch (the variant's); offsets are dim 0."""
+    return [p for block in model.layers if block.attn.compressor is not None
+            for p in block.attn.compressor.cycled_params()]
 
 
 @torch.no_grad()
@@ -66,9 +63,8 @@ def cycled(model, delta: int) -> Iterator[None]:
 
 
 def boundary_phase(model) -> int:
-    """Phase of the last token of a window: (o + W - 1) mod S (S - 1 unless the grid is staggered)."""
-    cfg = model.config
-    return (cfg.grid_offset(0) + cfg.window - 1) % cfg.stride
+    """Phase of the last token of a window (S - 1 unless the grid is staggered), on layer 0's grid."""
+    return model.layers[0].attn.grid.boundary_phase()
 
 
 def predicted(acc0: np.ndarray, delta: int) -> np.ndarray:

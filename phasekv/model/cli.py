@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from phasekv.attention.compressor import layer_grid
 from phasekv.config import PRESETS, ModelConfig
 from phasekv.errors import ConfigError
 from phasekv.model.transformer import PhaseLM
@@ -21,8 +22,6 @@ PRESET_HELP = f"Backbone preset: {', '.join(PRESETS)}."
 
 def cache_bytes(config: ModelConfig, context: int, batch_size: int = 1) -> int:
     """Bytes a decode cache of this config holds after `context` tokens, computed without running the model."""
-    from phasekv.attention.positions import Grid
-
     per_token = 2 * batch_size * config.n_kv_heads * config.head_dim * 4  # fp32 K and V of one token, one layer
     if not config.compressed:
         return config.n_layers * context * per_token
@@ -30,10 +29,9 @@ def cache_bytes(config: ModelConfig, context: int, batch_size: int = 1) -> int:
     tied = 1 if config.tied_kv else 2
     G = config.head_dim if config.gate == "vector" else 1
     for layer in range(config.n_layers):
-        grid = Grid(config.window, config.stride, config.grid_offset(layer), config.local_window)
+        grid = layer_grid(config, layer)
         entries = grid.n_complete(context)
-        started = 0 if context - 1 < grid.offset else (context - 1 - grid.offset) // grid.stride + 1
-        in_flight = started - entries
+        in_flight = grid.n_started(context) - entries
         exact = min(context, grid.exact_keep)
         branch_entry = batch_size * config.n_kv_heads * config.head_dim * 4
         partial = batch_size * config.n_kv_heads * (2 * G + config.head_dim) * 4

@@ -24,10 +24,10 @@ from phasekv.data.sources import DataConfig, build_stream, data_tokenizer
 from phasekv.data.stream import IGNORE, batch
 from phasekv.data.tokenizer import describe, load_tokenizer, save_tokenizer
 from phasekv.errors import CheckpointError, ConfigError, PhaseKVError
-from phasekv.mitigate.regulariser import CoverageProbe
 from phasekv.model.transformer import PhaseLM
 from phasekv.train import checkpoint as ck
 from phasekv.train.config import TrainConfig
+from phasekv.train.coverage import CoverageProbe
 from phasekv.train.gates import gate_snapshot
 
 RUNTIME_FIELDS = {"device", "compile", "threads", "logger", "progress", "steps", "tokens", "out",
