@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
+from phasekv.analysis.common import as_eval_model, progress_bar, prompt_config, provenance, write_outputs
 from phasekv.errors import ConfigError
+from phasekv.eval.run import evaluate
 from phasekv.eval.stats import bootstrap_profiles, group_table
 
 
@@ -110,8 +113,6 @@ def run_cycling(model, tok, cfg, deltas, pids=None, batch_size: int = 32, n_boot
 
     Returns (profiles, rows): one row per (delta, phase) with acc0, acc, pred, lo, hi, r2, r2_lo, r2_hi;
     and the per-prompt rows (column delta)."""
-    from phasekv.eval.run import evaluate
-
     check_cyclable(model)
     S, boundary = model.config.stride, boundary_phase(model)
     frames = []
@@ -140,10 +141,7 @@ def analyze_cycle(ems, cfg, out, deltas=(-3, -2, -1, 1, 2, 3), batch_size: int =
     (default: the study's lookup test): writes OUT/results.parquet (model, delta, phase),
     OUT/prompts.parquet, OUT/summary.json (R^2 grid with 95% bootstrap intervals), OUT/r2_grid.png and
     OUT/cycling_<i>.png per model; returns the summary."""
-    from pathlib import Path
-
-    from phasekv.analysis.common import as_eval_model, progress_bar, prompt_config, provenance, write_outputs
-    from phasekv.analysis.figures import cycling_figure, r2_grid
+    from phasekv.analysis.figures import cycling_figure, r2_grid  # matplotlib on use, not at start-up
 
     ems = [as_eval_model(m) for m in (ems if isinstance(ems, (list, tuple)) else [ems])]
     cfg = prompt_config(cfg)

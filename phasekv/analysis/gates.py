@@ -22,10 +22,21 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phasekv.analysis.common import (
+    as_eval_model,
+    progress_bar,
+    prompt_batches,
+    prompt_config,
+    provenance,
+    write_outputs,
+)
+from phasekv.analysis.knockout import spread_pids
 from phasekv.attention.positions import Grid
-from phasekv.errors import DataError
+from phasekv.errors import ConfigError, DataError
+from phasekv.eval.prompts import RetrievalPrompts
 from phasekv.model.concentration import concentration
 from phasekv.model.gates import GateRead, gate_scores
+from phasekv.model.transformer import PhaseLM
 
 BRANCHES = ("key", "value")
 
@@ -153,19 +164,7 @@ def analyze_gates(em, cfg, out, n_prompts: int = 256, batch_size: int = 32, knoc
     OUT/summary.json, OUT/concentration_plane.png (with the training paths of every key gate, or of the `trace` most
     statically concentrated ones, when the model dir is a run with gates.jsonl) and OUT/gate_panel.png (with the
     knockout column when `knockout` names a knockout analysis dir); returns the summary."""
-    from phasekv.analysis.common import (
-        as_eval_model,
-        progress_bar,
-        prompt_batches,
-        prompt_config,
-        provenance,
-        write_outputs,
-    )
-    from phasekv.analysis.figures import concentration_plane, head_panel
-    from phasekv.analysis.knockout import spread_pids
-    from phasekv.errors import ConfigError
-    from phasekv.eval.prompts import RetrievalPrompts
-    from phasekv.model.transformer import PhaseLM
+    from phasekv.analysis.figures import concentration_plane, head_panel  # matplotlib on use, not at start-up
 
     em, cfg = as_eval_model(em), prompt_config(cfg)
     model = em.model

@@ -13,9 +13,8 @@ from torch import nn
 
 from phasekv.attention import blockwise
 from phasekv.attention.cache import CompressedLayerCache, FullLayerCache
-from phasekv.attention.compressor import COMPRESSORS, layer_grid, make_compressor
+from phasekv.attention.compressor import layer_grid, layer_rope, make_compressor
 from phasekv.attention.norm import RMSNorm
-from phasekv.attention.rope import Rope
 from phasekv.config import ModelConfig
 
 DECODE_CHUNK = 64  # cached chunks up to this many tokens attend in place (decode); longer ones blockwise
@@ -54,11 +53,10 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(D, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(D, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.z_hook = nn.Identity()  # per-head outputs z (B, T, H, D) before o_proj: the knockout site
+        self._rope = layer_rope(cfg)  # (x (B, n, T, D), pos (T,)) -> x rotated
         self.grid = layer_grid(cfg, layer) if cfg.compressed else None
-        self.compressor = make_compressor(cfg, self.grid) if cfg.compressed else None
+        self.compressor = make_compressor(cfg, self.grid, self._rope) if cfg.compressed else None
         self.sinks = nn.Parameter(torch.zeros(H)) if cfg.attention_sink else None  # per query head
-        layout = COMPRESSORS[cfg.compressor].rope_layout
-        self._rope = Rope(cfg.rope_rotary_dims, cfg.rope_theta, layout)  # (x (B, n, T, D), pos (T,)) -> x rotated
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         B, T, _ = x.shape
@@ -72,7 +70,7 @@ class Attention(nn.Module):
 
     def _entry_kv(self, raw: list[torch.Tensor], j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Compressed keys/values (B, n_kv, n, D) of entries j from their pooled branches (the variant's rule)."""
-        return self.compressor.entry_kv(raw, j, self.k_norm, self._rope)
+        return self.compressor.entry_kv(raw, j, self.k_norm)
 
     # ---- forward ----
     def forward(self, h: torch.Tensor, pos: torch.Tensor, cache=None) -> torch.Tensor:
@@ -101,10 +99,8 @@ class Attention(nn.Module):
         return blockwise.attend_parts(q, [(cache.k.view(k), cache.v.view(v), mask)])
 
     def _compressed(self, q, k, v, h, pos) -> torch.Tensor:
-        windows, present = self.compressor.windows(h)  # (B, n, W, d), (n, W) or None
-        raw = [b.finalize(b.partial(windows, present)) for b in self.compressor.branches()]  # (B, n_kv, n, D) each
-        j = torch.arange(windows.shape[1], device=pos.device)
-        ek, ev = self._entry_kv(raw, j)
+        ek, ev = self.compressor.entries(h, self.k_norm)  # (B, n_kv, n, D) each
+        j = torch.arange(ek.shape[2], device=pos.device)
         if blockwise.backend() == "blockwise":
             return blockwise.blockwise_attention(q, pos, ek, ev, k, v, self.grid, sinks=self.sinks)
         if blockwise.backend() == "flex":

@@ -24,7 +24,6 @@ in a decode cache: partials of disjoint token sets merge exactly.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,10 +32,10 @@ from torch import nn
 
 from phasekv.attention.norm import RMSNorm
 from phasekv.attention.positions import Grid
+from phasekv.attention.rope import Rope
 from phasekv.config import ModelConfig
 
 OffsetParams = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
-Rope = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -171,19 +170,19 @@ class V4Branch(CompressorBranch):
         self.position_bias = nn.Parameter(torch.zeros(S, self.halves * n_kv * D)) if cfg.gate_bias else None
         self.post_norm = RMSNorm(D, cfg.norm_eps)  # transformers' kv_norm
         offset = torch.arange(W)
-        self.register_buffer("half", offset // S, persistent=False)  # (W,) channel half each offset reads
-        self.register_buffer("slot", offset % S, persistent=False)  # (W,) bias slot of each offset
+        self.register_buffer("offset_half", offset // S, persistent=False)  # (W,) channel half each offset reads
+        self.register_buffer("offset_slot", offset % S, persistent=False)  # (W,) bias slot of each offset
 
     def _per_offset(self, w: torch.Tensor) -> torch.Tensor:
         """(halves * n_kv * D, d) shared weight -> (W, n_kv, D, d), one copy per offset."""
-        return w.view(self.halves, -1, self.head_dim, w.shape[-1])[self.half]
+        return w.view(self.halves, -1, self.head_dim, w.shape[-1])[self.offset_half]
 
     def offset_params(self) -> OffsetParams:
         bias = None
         if self.position_bias is not None:
             pb = self.position_bias.view(-1, self.halves, self.position_bias.shape[1] // self.halves // self.head_dim,
                                          self.head_dim)  # (S, halves, n_kv, D)
-            bias = pb[self.slot, self.half]  # (W, n_kv, D)
+            bias = pb[self.offset_slot, self.offset_half]  # (W, n_kv, D)
         return self._per_offset(self.kv_proj.weight), self._per_offset(self.gate_proj.weight), bias
 
     def cycled_params(self) -> list[nn.Parameter]:
@@ -197,9 +196,9 @@ class Compressor(nn.Module, ABC):
     rope_layout = "leading"  # RoPE layout of the whole layer (queries, exact keys, entries); see rope.Rope
     applies_k_norm = True  # entries get the layer's key QK-norm before RoPE
 
-    def __init__(self, grid: Grid):
+    def __init__(self, grid: Grid, rope: Rope):
         super().__init__()
-        self.grid = grid
+        self.grid, self.rope = grid, rope  # the layer's window grid and RoPE
         self.window, self.stride = grid.window, grid.stride
 
     @abstractmethod
@@ -235,18 +234,25 @@ class Compressor(nn.Module, ABC):
         windows, present = self.windows(h)
         return windows if present is None else windows[:, int((~present.all(1)).sum()):]
 
-    def entry_kv(self, raw: list[torch.Tensor], j: torch.Tensor, k_norm: nn.Module, rope: Rope):
-        """Keys and values (B, n_kv, n, D) of entries j from their pooled branches raw (B, n_kv, n, D) each."""
-        k = k_norm(raw[0]) if self.applies_k_norm else raw[0]
-        k = rope(k, self.grid.entry_position(j))
+    def entry_kv(self, raw: list[torch.Tensor], j: torch.Tensor, k_norm: nn.Module | None = None):
+        """Keys and values (B, n_kv, n, D) of entries j from their pooled branches raw (B, n_kv, n, D) each:
+        the layer's key QK-norm where the variant applies it, then RoPE at the entry's position."""
+        k = k_norm(raw[0]) if self.applies_k_norm and k_norm is not None else raw[0]
+        k = self.rope(k, self.grid.entry_position(j))
         return k, (k if len(raw) == 1 else raw[1])
+
+    def entries(self, h: torch.Tensor, k_norm: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, n_kv, n, D) of every complete entry of hidden states h (B, T, d)."""
+        windows, present = self.windows(h)  # (B, n, W, d), (n, W) or None
+        raw = [b.finalize(b.partial(windows, present)) for b in self.branches()]  # (B, n_kv, n, D) each
+        return self.entry_kv(raw, torch.arange(windows.shape[1], device=h.device), k_norm)
 
 
 class PaperCompressor(Compressor):
     """Key branch and (unless K/V are tied) value branch, each with per-offset parameters."""
 
-    def __init__(self, cfg: ModelConfig, grid: Grid):
-        super().__init__(grid)
+    def __init__(self, cfg: ModelConfig, grid: Grid, rope: Rope):
+        super().__init__(grid, rope)
         self.key = OffsetBranch(cfg)
         self.value = None if cfg.tied_kv else OffsetBranch(cfg)
 
@@ -262,12 +268,18 @@ class V4Compressor(Compressor):
     rope_layout = "trailing"
     applies_k_norm = False
 
-    def __init__(self, cfg: ModelConfig, grid: Grid):
-        super().__init__(grid)
+    def __init__(self, cfg: ModelConfig, grid: Grid, rope: Rope):
+        super().__init__(grid, rope)
         self.key = V4Branch(cfg)
 
     def branches(self) -> list[CompressorBranch]:
         return [self.key]
+
+    def compressed_entries(self, h: torch.Tensor) -> torch.Tensor:
+        """Entries (B, n, D) of hidden states h (B, T, d) of a one-KV-head compressor: what transformers'
+        DeepseekV4{CSA,HCA}Compressor returns (stateless, no cache) as compressed KV, squeezed."""
+        k, _ = self.entries(h)  # (B, 1, n, D)
+        return k.squeeze(1)
 
 
 COMPRESSORS: dict[str, type[Compressor]] = {"paper": PaperCompressor, "v4": V4Compressor}
@@ -280,5 +292,10 @@ def layer_grid(cfg: ModelConfig, layer: int) -> Grid:
     return Grid(cfg.window, cfg.stride, cfg.grid_offset(layer) - lead, cfg.local_window, rope_at=lead)
 
 
-def make_compressor(cfg: ModelConfig, grid: Grid) -> Compressor:
-    return COMPRESSORS[cfg.compressor](cfg, grid)
+def layer_rope(cfg: ModelConfig) -> Rope:
+    """The RoPE of every compressed and full layer of `cfg`: its dims and theta, in its compressor's layout."""
+    return Rope(cfg.rope_rotary_dims, cfg.rope_theta, COMPRESSORS[cfg.compressor].rope_layout)
+
+
+def make_compressor(cfg: ModelConfig, grid: Grid, rope: Rope) -> Compressor:
+    return COMPRESSORS[cfg.compressor](cfg, grid, rope)

@@ -18,6 +18,9 @@ import torch
 
 @dataclass(frozen=True)
 class Grid:
+    """A layer's window grid: which tokens make entry j, where it sits, when a query sees it, and which exact
+    tokens a query sees beside the entries. Every visibility and geometry rule of the package is here."""
+
     window: int  # W
     stride: int  # S
     offset: int = 0  # position of entry 0's first token (a phase, or negative: a leading partial window)

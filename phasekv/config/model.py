@@ -112,6 +112,11 @@ class ModelConfig:
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
+    def full_attention(self) -> ModelConfig:
+        """Full attention on the same backbone, KV heads and seed (every compression attribute at its default)."""
+        defaults = ModelConfig.__dataclass_fields__
+        return self.replace(window=0, stride=0, **{f: defaults[f].default for f in COMPRESSION_FIELDS})
+
     def to_dict(self) -> dict:
         return {"config_version": CONFIG_VERSION, "name": self.name, **dataclasses.asdict(self)}
 

@@ -7,6 +7,7 @@ The one place that maps names to config fields and back. Every config prints its
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from phasekv.errors import ModelNameError
@@ -141,8 +142,6 @@ def _attributes(cfg: ModelConfig, ascii_: bool) -> list[str]:
 
 def _number(v) -> str:
     """Integers as they are; other numbers in fixed point without trailing zeros (no exponent, no '-')."""
-    from decimal import Decimal
-
     return str(int(v)) if float(v).is_integer() else format(Decimal(repr(float(v))), "f")
 
 

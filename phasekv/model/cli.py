@@ -51,7 +51,7 @@ def register(app: typer.Typer) -> None:
         if context < 1:
             raise ConfigError(f"--context {context} must be >= 1")
         cfg = ModelConfig.from_name(arch, preset=preset, vocab_size=vocab_size)
-        full = cfg.replace(window=0, stride=0, **_compression_defaults())
+        full = cfg.full_attention()
         table = Table(title=f"{cfg.name}  ({cfg.alias})")
         table.add_column("field")
         table.add_column("value")
@@ -90,15 +90,10 @@ def register(app: typer.Typer) -> None:
             steps = [model(ids[:, i : i + 1], cache=cache) for i in range(tokens, tokens + decode)]
             dec = time.perf_counter() - t
         diff = (torch.cat(steps, 1) - logits[:, tokens:]).abs().max().item()
-        full = cache_bytes(cfg.replace(window=0, stride=0, **_compression_defaults()), tokens + decode, 2)
+        full = cache_bytes(cfg.full_attention(), tokens + decode, 2)
         console.print(f"forward {tokens + decode} tokens: {fwd * 1e3:.1f} ms; decode {decode} steps: "
                       f"{dec / decode * 1e3:.2f} ms/step; max |decode - parallel| = {diff:.2e}")
         console.print(f"cache: {cache.nbytes:,} bytes ({cache.nbytes / full:.3f} of a full-attention cache)")
         if diff > 1e-4:
             raise typer.Exit(1)
 
-
-def _compression_defaults() -> dict:
-    fields = ModelConfig.__dataclass_fields__
-    return {f: fields[f].default for f in ("gate", "tied_kv", "gate_bias", "local_window", "post_norm", "stagger",
-                                               "coverage_reg")}

@@ -90,7 +90,7 @@ class PhaseLM(nn.Module):
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    # ---- files and interop (phasekv.model.io, phasekv.model.hf) ----
+    # ---- files and interop: phasekv.model.io and .hf build PhaseLMs, so they are imported on use (one-way) ----
     def save(self, directory) -> None:
         from phasekv.model.io import save_model
 
