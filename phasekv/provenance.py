@@ -26,18 +26,20 @@ def git_revision() -> str | None:
 
 
 def versions(*packages: str) -> dict:
-    """phasekv, torch, numpy, python, the given packages (read from metadata, not imported) and git."""
-    import numpy
+    """phasekv (its installed metadata: this layer imports nothing above it), torch, numpy, python, the given
+    packages (read from metadata, not imported) and git."""
+    import numpy  # imported when called: the foundation layer costs no start-up time
     import torch
 
-    import phasekv
-
-    out = {"phasekv": phasekv.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
+    out = {"phasekv": _installed("phasekv"), "torch": torch.__version__, "numpy": numpy.__version__,
            "python": platform.python_version()}
-    for p in packages:
-        try:
-            out[p] = metadata.version(p)
-        except metadata.PackageNotFoundError:
-            out[p] = None
+    out |= {p: _installed(p) for p in packages}
     out["git"] = git_revision()
     return out
+
+
+def _installed(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
