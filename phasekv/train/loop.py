@@ -24,12 +24,12 @@ from phasekv.data.stream import IGNORE, batch
 from phasekv.data.tokenizer import describe, save_tokenizer
 from phasekv.errors import ConfigError, PhaseKVError
 from phasekv.io import write_json
-from phasekv.mitigate.regulariser import CoverageProbe
 from phasekv.model.transformer import PhaseLM
 from phasekv.provenance import versions
 from phasekv.train import checkpoint as ck
 from phasekv.train.build import build_optimizer, model_and_tokenizer
 from phasekv.train.config import TrainConfig
+from phasekv.train.coverage import CoverageProbe
 from phasekv.train.distributed import Dist, full_state, init_dist, no_sync, pick_device, wrap
 from phasekv.train.gates import gate_snapshot
 from phasekv.train.metrics import Clock, Logs, progress_bar
