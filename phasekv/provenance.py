@@ -26,19 +26,19 @@ def git_revision() -> str | None:
 
 
 def versions(*packages: str) -> dict:
-    """phasekv (its installed metadata: this layer imports nothing above it), torch, numpy, python, the given
-    packages (read from metadata, not imported) and git."""
-    import numpy  # imported when called: the foundation layer costs no start-up time
+    """phasekv, torch, numpy, python, the given packages (read from metadata, not imported) and git."""
+    import numpy
     import torch
 
     out = {"phasekv": _installed("phasekv"), "torch": torch.__version__, "numpy": numpy.__version__,
            "python": platform.python_version()}
-    out |= {p: _installed(p) for p in packages}
+    out.update({p: _installed(p) for p in packages})
     out["git"] = git_revision()
     return out
 
 
 def _installed(package: str) -> str | None:
+    """The installed version of `package` (from its metadata: phasekv's own without importing the package root)."""
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
