@@ -36,6 +36,7 @@ from phasekv.attention.rope import Rope
 from phasekv.config import ModelConfig
 
 OffsetParams = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+GATE_BIAS_NAMES = ("gate_bias", "position_bias")  # the variants' gate-bias parameters (biases: no weight decay)
 
 
 @dataclass

@@ -7,6 +7,7 @@ import torch
 from phasekv import ModelConfig, PhaseLM
 from phasekv.analysis.cycling import cycled, gate_params
 from phasekv.analysis.gates import collect_alpha, gate_stats
+from phasekv.train.build import param_groups
 from phasekv.train.coverage import CoverageProbe
 
 
@@ -57,3 +58,11 @@ def test_coverage_regulariser_reaches_the_slot_bias():
     penalty.backward()
     assert 0 < float(penalty) <= 1
     assert model.layers[0].attn.compressor.key.position_bias.grad.abs().sum() > 0
+
+
+def test_slot_bias_gets_no_weight_decay():
+    model = PhaseLM(ModelConfig.from_name("W8/S4 · 1 KV · V4 compressor", preset="tiny", vocab_size=64))
+    decay, no_decay = param_groups(model, 0.1)
+    biases = [b.attn.compressor.key.position_bias for b in model.layers]
+    assert all(any(p is b for p in no_decay["params"]) for b in biases)
+    assert not any(p is b for b in biases for p in decay["params"])
