@@ -11,9 +11,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
+from phasekv.eval.models import EvalModel, load
+from phasekv.eval.prompts import PromptConfig, RetrievalPrompts, lookup_config
 from phasekv.eval.run import versions
-from phasekv.model.io import atomic_write, atomic_write_text
+from phasekv.io import write_parquet, write_text
 
 
 def _json_default(o):
@@ -39,8 +40,6 @@ def _clean(o):
 
 def as_eval_model(model, device: str | None = None):
     """An EvalModel from an EvalModel or a model directory (`phasekv.eval.models.load`)."""
-    from phasekv.eval.models import EvalModel, load
-
     if isinstance(model, EvalModel):
         return model
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -49,8 +48,6 @@ def as_eval_model(model, device: str | None = None):
 
 def prompt_config(cfg: PromptConfig | None) -> PromptConfig:
     """The study's lookup test unless a prompt config is given."""
-    from phasekv.eval.prompts import lookup_config
-
     return lookup_config() if cfg is None else cfg
 
 
@@ -66,8 +63,8 @@ def write_outputs(out: Path, results: pd.DataFrame, summary: dict, **tables: pd.
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for name, df in {"results": results, **tables}.items():
-        atomic_write(out / f"{name}.parquet", lambda tmp, df=df: df.to_parquet(tmp, index=False))
-    atomic_write_text(out / "summary.json", json.dumps(_clean(summary), indent=2, default=_json_default))
+        write_parquet(out / f"{name}.parquet", df)
+    write_text(out / "summary.json", json.dumps(_clean(summary), indent=2, default=_json_default))
 
 
 @contextmanager
@@ -76,7 +73,7 @@ def progress_bar(enabled: bool, total: int, label: str) -> Iterator:
     if not enabled:
         yield lambda n=1: None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # on use
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
         task = bar.add_task(label, total=total)

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from phasekv.data.words import load_words
 from phasekv.errors import DataError
+from phasekv.io import atomic_write
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
@@ -86,15 +87,11 @@ def load_tokenizer(spec: str | os.PathLike | None = None) -> Tokenizer:
 
 
 def save_tokenizer(tok: Tokenizer, path: str | os.PathLike) -> Path:
-    """Write `tokenizer.json` atomically (temp file then rename); `path` may be a directory."""
+    """Write `tokenizer.json` atomically (`phasekv.io`); `path` may be a directory."""
     path = Path(path)
     if path.is_dir() or not path.suffix:
         path = path / "tokenizer.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tok.save(str(tmp))
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, tok.save)
 
 
 def tokenizer_hash(tok: Tokenizer) -> str:
@@ -121,7 +118,7 @@ def special_ids(tok: Tokenizer) -> dict[str, int | None]:
 
 def to_hf(tok: Tokenizer):
     """Wrap as a `transformers.PreTrainedTokenizerFast` (the type `load_run` returns, like an HF model dir)."""
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # imported when used: ~1 s
 
     ids = special_ids(tok)
     kw = {k + "_token": tok.id_to_token(v) for k, v in ids.items() if v is not None}

@@ -3,13 +3,13 @@ Python entry points, and writes its outputs atomically into the study layout (`p
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import torch
 
 from phasekv.demo.plan import DemoPlan
+from phasekv.io import write_json
 from phasekv.report.layout import Layout
 
 
@@ -147,11 +147,7 @@ def examples(plan: dict, root: str, aliases: list[str], tokenizer_run: str) -> d
                                              "query": [len(pr.words) - 1]},
             "answers": answers,
         })
-    path = lay.examples
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"examples": out}, indent=1))
-    tmp.replace(path)
+    write_json(lay.examples, {"examples": out}, indent=1)
     return {"examples": len(out)}
 
 
