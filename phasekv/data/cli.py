@@ -17,7 +17,8 @@ console = Console(stderr=True)
 
 @app.command("train")
 def train_cmd(
-    corpus: list[str] = typer.Argument(..., help=".txt / .jsonl (text field) / .parquet (text column) files, dirs, globs."),
+    corpus: list[str] = typer.Argument(..., help=".txt / .jsonl (text field) / .parquet (text column) files, dirs, globs; "
+                                "python-docs: Python's own documentation."),
     out: Path = typer.Option(Path("tokenizer.json"), "--out", "-o", help="Output tokenizer.json."),
     vocab_size: int = typer.Option(8192, help="Vocabulary size (the `small` preset uses 8192)."),
     min_frequency: int = typer.Option(2, help="Minimum pair frequency of a merge."),

@@ -6,6 +6,10 @@ and every rank reuses them: `<cache>/<key>/shard_00000.bin` (uint16 or uint32 to
 the end-of-text token) plus `meta.json`, written last (a directory without it is incomplete and rebuilt).
 Every problem (no match, empty file, unreadable file, non-UTF-8 bytes, bad JSON line, missing field)
 raises `DataError` naming the file and the line or row.
+
+`python-docs` names a corpus every machine with Python has, nothing to download: the reference documentation
+that CPython ships for `help()` (`pydoc_data.topics`, 79 topics, ~0.46 MB of English prose and grammar under
+the PSF licence; its text follows the Python version).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from phasekv.errors import DataError
 from phasekv.io import atomic_dir, atomic_write
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
+PYTHON_DOCS = "python-docs"  # the corpus name of Python's own documentation (module doc)
 DEFAULT_CACHE = Path(os.environ.get("PHASEKV_CACHE", Path.home() / ".cache" / "phasekv")) / "shards"
 
 
@@ -39,6 +44,9 @@ def resolve_files(spec: str | os.PathLike | Sequence[str | os.PathLike]) -> list
     files: list[Path] = []
     for s in specs:
         s = os.path.expanduser(s.strip())
+        if s == PYTHON_DOCS:
+            files.append(python_docs_file())
+            continue
         if glob.has_magic(s):
             hits = sorted(Path(p) for p in glob.glob(s, recursive=True) if Path(p).is_file())
             if not hits:
@@ -58,6 +66,13 @@ def resolve_files(spec: str | os.PathLike | Sequence[str | os.PathLike]) -> list
     return list(dict.fromkeys(files))
 
 
+def python_docs_file() -> Path:
+    """The module file holding Python's documentation topics (it keys the shard cache like any corpus file)."""
+    import pydoc_data.topics  # imported when used: 0.5 MB of strings
+
+    return Path(pydoc_data.topics.__file__)
+
+
 def _decode(raw: bytes, path: Path) -> str:
     try:
         return raw.decode("utf-8")
@@ -74,10 +89,17 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def iter_documents(path: str | os.PathLike) -> Iterator[str]:
-    """The documents of one file: a whole `.txt` file, each `.jsonl` line's `text`, each `.parquet` row's `text`."""
+    """The documents of one file: a whole `.txt` file, each `.jsonl` line's `text`, each `.parquet` row's `text`,
+    each topic of Python's documentation (`python-docs`)."""
     path = Path(path)
     n = 0
-    if path.suffix == ".txt":
+    if path == python_docs_file():
+        from pydoc_data.topics import topics
+
+        for name in sorted(topics):
+            n += 1
+            yield topics[name]
+    elif path.suffix == ".txt":
         text = _decode(_read_bytes(path), path)
         if text.strip():
             n += 1

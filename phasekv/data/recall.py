@@ -15,6 +15,10 @@ bind keys to names (measured at the tiny preset: 16 records stay near chance for
 permutation, and bind at ~1,000 steps with replacement).
 The held-out lookup evaluation uses another layout (64 adjacent records, 8 demonstrations, one target,
 no marker), so it is never trained on verbatim.
+
+With a tokenizer that splits those words (a BPE trained on text, recall mixed in with `--recall-mix`), keys,
+values and filler are its own single-token words instead (`words`, `phasekv.data.words`): the words the
+evaluation of such a run uses, one token each.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from tokenizers import Tokenizer
 
 from phasekv.data.stream import IGNORE, Example, batch, rng_for
 from phasekv.data.tokenizer import build_word_tokenizer, special_ids
-from phasekv.data.words import load_words
+from phasekv.data.words import ROLES, WORD_SOURCES, load_words, vocab_words, word_source
 from phasekv.errors import ConfigError, DataError
 
 
@@ -46,6 +50,9 @@ class RecallConfig:
     key_words: int = 1  # words per key: 1 (an animal) or 2 (two animals, distinct pairs, as the needle's keys)
     values: str = "names"  # word list of the values
     filler: str = "filler"  # word list of prefixes and gaps
+    words: str = "auto"  # where keys, values and filler come from: "lists" (the three lists above), "vocab" (the
+    #                      tokenizer's own single-token words, as many as the lists give) or "auto" (the lists
+    #                      when every word of them is one token, else the vocabulary: a BPE trained on text)
     n_keys: int = 32  # use only the first n keys (0 = the whole list); 32 keys and 32 names learn in minutes
     n_values: int = 32  # use only the first n values (0 = the whole list)
     marker: str = "?"  # token between the records and the queries
@@ -57,6 +64,8 @@ class RecallConfig:
     def __post_init__(self):
         if not 1 <= self.min_records <= self.max_records:
             raise ConfigError(f"recall records: need 1 <= min_records <= max_records, got {self.min_records}, {self.max_records}")
+        if self.words not in WORD_SOURCES:
+            raise ConfigError(f"recall words must be one of {', '.join(WORD_SOURCES)}, got {self.words!r}")
         if self.key_words not in (1, 2):
             raise ConfigError(f"recall key_words must be 1 or 2, got {self.key_words}")
         if self.max_prefix < 1 or self.max_gap < 1 or not 0 <= self.gap_prob <= 1 or min(self.min_distance, self.curriculum) < 0:
@@ -91,6 +100,26 @@ def recall_tokenizer(cfg: RecallConfig) -> Tokenizer:
     return build_word_tokenizer(lists=(), extra_words=[*keys, *values, *load_words(cfg.filler)])
 
 
+def recall_words(cfg: RecallConfig, tok: Tokenizer) -> tuple[str, dict[str, list[str]]]:
+    """A recall run's word source ("lists" or "vocab", `phasekv.data.words.word_source`) and its keys, values
+    and filler (role -> words): the vocabulary gives as many words per role as the lists would."""
+    lists = {"keys": load_words(cfg.keys)[: cfg.n_keys or None], "values": load_words(cfg.values)[: cfg.n_values or None],
+             "filler": load_words(cfg.filler)}
+    unk = tok.token_to_id("<unk>")
+
+    def single(w: str) -> bool:
+        ids = tok.encode(" " + w, add_special_tokens=False).ids
+        return len(ids) == 1 and ids[0] != unk
+
+    need = {"keys": len(lists["keys"]), "values": len(lists["values"]), "filler": 1}
+    source = word_source(cfg.words, lists, need, single)
+    if source == "lists":
+        return source, lists
+    texts = (tok.decode([i]) for i in range(tok.get_vocab_size()))
+    pools = vocab_words(texts, single, max(len(w) for w in lists.values()))
+    return source, {r: pools[r][: len(lists[r])] for r in ROLES}
+
+
 def word_ids(tok: Tokenizer, words: list[str], what: str) -> list[list[int]]:
     """Token ids of each word as it appears mid-text (leading space), refusing words the tokenizer lacks."""
     unk = tok.token_to_id("<unk>")
@@ -110,13 +139,14 @@ class RecallStream:
         self.cfg = cfg = cfg or RecallConfig()
         cfg.check_fits()
         self.seed, self.split, self.seq_len = seed, split, cfg.seq_len
-        keys, values = load_words(cfg.keys), load_words(cfg.values)
-        keys, values = keys[: cfg.n_keys or None], values[: cfg.n_values or None]
+        self.source, words = recall_words(cfg, tok)
+        keys, values = words["keys"], words["values"]
         if len(keys) ** cfg.key_words < cfg.max_records or len(values) < cfg.max_records:
-            raise ConfigError(f"recall: max_records={cfg.max_records} exceeds the {len(keys)} keys / {len(values)} values")
+            raise ConfigError(f"recall: max_records={cfg.max_records} exceeds the {len(keys)} keys / {len(values)} "
+                              f"values (words from the {self.source})")
         self.words = word_ids(tok, keys, "key")
         self.values = word_ids(tok, values, "value")
-        self.filler = word_ids(tok, load_words(cfg.filler), "filler")
+        self.filler = word_ids(tok, words["filler"], "filler")
         self.marker = word_ids(tok, [cfg.marker], "marker")[0]
         sp = special_ids(tok)
         self.bos = [sp["bos"]] if sp["bos"] is not None else []

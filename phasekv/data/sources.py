@@ -17,7 +17,7 @@ from phasekv.errors import ConfigError
 class DataConfig:
     """Where a run's examples come from: synthetic recall (default), a text corpus, or a mixture of both."""
 
-    data: str = "recall"  # "recall", or corpus files / directories / globs (comma-separated)
+    data: str = "recall"  # "recall", or corpus files / dirs / globs, comma-separated (python-docs: Python's docs)
     tokenizer: str | None = None  # tokenizer.json or HF dir; default: the word tokenizer (recall only)
     recall_mix: float = 0.0  # with a corpus: fraction of sequences that are synthetic recall
     recall: RecallConfig = field(default_factory=RecallConfig)  # recall layout (seq_len is the run's)

@@ -1,17 +1,27 @@
-"""The readable word lists phasekv ships (one word a line, in `phasekv/data/words/*.txt`).
+"""The readable word lists phasekv ships (one word a line, in `phasekv/data/words/*.txt`), and prompt words
+taken from a tokenizer's own vocabulary when those lists are not single tokens in it.
 
 `animals` are recall keys, `names` are recall values, `filler` pads prefixes and gaps. The lookup
 evaluation draws its prompts from the same lists, so every word is one token of the word tokenizer.
+A tokenizer trained on real text (a small byte-level BPE) splits most animals and names into several
+tokens; recall data and prompts then take their keys, values and filler from the tokenizer's own
+single-token words instead (`word_source`, `vocab_words`), so a model trained on text is evaluated on
+words it knows, with one token per key and value as the position-matched tests need.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
 
-from phasekv.errors import DataError
+from phasekv.errors import ConfigError, DataError
 
 WORDS_DIR = Path(__file__).parent / "words"
+ROLES = ("keys", "values", "filler")  # the three word pools of recall data and retrieval prompts
+WORD_SOURCES = ("auto", "lists", "vocab")  # lists: the shipped lists; vocab: the tokenizer's own words;
+# auto: the lists when they give enough single-token words, else the vocabulary
+MIN_LETTERS = 3  # vocabulary words have at least this many letters (shorter tokens are mostly word pieces)
 
 
 def list_names() -> list[str]:
@@ -36,3 +46,33 @@ def _load(name: str) -> tuple[str, ...]:
 def load_words(name: str) -> list[str]:
     """The words of one shipped list, in file order (a fresh list, safe to mutate)."""
     return list(_load(name))
+
+
+def word_source(source: str, lists: dict[str, list[str]], need: dict[str, int], single: Callable[[str], bool]) -> str:
+    """"lists" or "vocab" for a source setting (WORD_SOURCES): "auto" keeps the shipped `lists` (role -> words)
+    when every role has at least `need[role]` words that are one token (`single`), all three roles alike, so
+    that pools never mix (a vocabulary key could be a filler word of the lists)."""
+    if source not in WORD_SOURCES:
+        raise ConfigError(f"words must be one of {', '.join(WORD_SOURCES)}, got {source!r}")
+    if source != "auto":
+        return source
+    enough = all(sum(1 for w in lists[r] if single(w)) >= need[r] for r in ROLES)
+    return "lists" if enough else "vocab"
+
+
+def vocab_words(texts: Iterable[str], single: Callable[[str], bool], per_role: int) -> dict[str, list[str]]:
+    """Up to `per_role` keys, values and filler words from a tokenizer's vocabulary: `texts` are its tokens
+    decoded one by one in id order (special tokens decode to ''), kept when alphabetic ASCII of at least
+    MIN_LETTERS letters, distinct ignoring case and one token mid-text (`single`). Id order is frequency order
+    for a BPE (frequent pairs merge first), so the most frequent words come first; they are dealt in turn
+    to keys, values and filler, so each role's first n words do not depend on `per_role`."""
+    pool: list[str] = []
+    seen: set[str] = set()
+    for text in texts:
+        w = text.strip()
+        if len(w) >= MIN_LETTERS and w.isascii() and w.isalpha() and w.lower() not in seen and single(w):
+            seen.add(w.lower())
+            pool.append(w)
+            if len(pool) == per_role * len(ROLES):
+                break
+    return {role: pool[i :: len(ROLES)] for i, role in enumerate(ROLES)}

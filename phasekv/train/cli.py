@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import re
 
 import typer
@@ -66,7 +67,9 @@ def train_command(resume: bool = False, **options) -> None:
         raise ConfigError("--out DIR is required (the run directory)")
     if "recall" in opts:
         opts["recall"] = parse_pairs(opts["recall"], "--recall")
-    _print_summary(train(resume=resume, **opts))
+    summary = train(resume=resume, **opts)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun: one summary, from rank 0
+        _print_summary(summary)
 
 
 train_command.__signature__ = inspect.Signature([
@@ -99,6 +102,8 @@ def parse_pairs(text: str, flag: str) -> dict:
 def _print_summary(s: dict) -> None:
     line = (f"[bold]{s['name']}[/]: {s['steps']} steps, final loss {s['final_loss']:.4f}, "
             f"{s['tokens_per_s']:,.0f} tok/s")
+    if "val_recall_loss" in s:  # text with recall mixed in: the text's loss, then the recall
+        line += f", val loss {s['val_loss']:.4f}"
     if "val_accuracy" in s:
         line += (f", held-out recall accuracy {100 * s['val_accuracy']:.1f}% (chance {100 * s['chance']:.1f}%), "
                  f"by residue mod 24: worst {s['val_worst']:.1f} best {s['val_best']:.1f} gap {s['val_gap']:.1f}")

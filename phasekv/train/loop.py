@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from phasekv.data.recall import RecallStream, recall_accuracy
 from phasekv.data.sources import build_stream
-from phasekv.data.stream import IGNORE, batch
+from phasekv.data.stream import IGNORE, MixtureStream, batch
 from phasekv.data.tokenizer import describe, save_tokenizer
 from phasekv.errors import ConfigError, PhaseKVError
 from phasekv.io import write_json
@@ -49,6 +49,14 @@ def loss_sum(model, ids: torch.Tensor, labels: torch.Tensor, autocast: bool) -> 
 
 @torch.no_grad()
 def validate(model: PhaseLM, stream, cfg: TrainConfig, device, autocast: bool) -> dict:
+    if isinstance(stream, MixtureStream):  # each source apart: the text's loss, the recall's accuracy by phase
+        out: dict = {}
+        for part in stream.streams:
+            r = validate(model, part, cfg, device, autocast)
+            if isinstance(part, RecallStream):
+                r["val_recall_loss"] = r.pop("val_loss")
+            out.update(r)
+        return out
     model.eval()
     bs = max(cfg.batch_size // cfg.grad_accum, 1)
     if isinstance(stream, RecallStream):
