@@ -31,7 +31,7 @@ from tokenizers import Tokenizer
 
 from phasekv.data.stream import IGNORE, Example, batch, rng_for
 from phasekv.data.tokenizer import build_word_tokenizer, special_ids
-from phasekv.data.words import ROLES, WORD_SOURCES, load_words, vocab_words, word_source
+from phasekv.data.words import WORD_SOURCES, choose_words, load_words
 from phasekv.errors import ConfigError, DataError
 
 
@@ -101,8 +101,8 @@ def recall_tokenizer(cfg: RecallConfig) -> Tokenizer:
 
 
 def recall_words(cfg: RecallConfig, tok: Tokenizer) -> tuple[str, dict[str, list[str]]]:
-    """A recall run's word source ("lists" or "vocab", `phasekv.data.words.word_source`) and its keys, values
-    and filler (role -> words): the vocabulary gives as many words per role as the lists would."""
+    """A recall run's word source ("lists" or "vocab", `phasekv.data.words.choose_words`) and its keys, values
+    and filler (role -> words). "auto" keeps the lists when all their words are single tokens."""
     lists = {"keys": load_words(cfg.keys)[: cfg.n_keys or None], "values": load_words(cfg.values)[: cfg.n_values or None],
              "filler": load_words(cfg.filler)}
     unk = tok.token_to_id("<unk>")
@@ -112,12 +112,7 @@ def recall_words(cfg: RecallConfig, tok: Tokenizer) -> tuple[str, dict[str, list
         return len(ids) == 1 and ids[0] != unk
 
     need = {"keys": len(lists["keys"]), "values": len(lists["values"]), "filler": 1}
-    source = word_source(cfg.words, lists, need, single)
-    if source == "lists":
-        return source, lists
-    texts = (tok.decode([i]) for i in range(tok.get_vocab_size()))
-    pools = vocab_words(texts, single, max(len(w) for w in lists.values()))
-    return source, {r: pools[r][: len(lists[r])] for r in ROLES}
+    return choose_words(cfg.words, lists, need, single, (tok.decode([i]) for i in range(tok.get_vocab_size())))
 
 
 def word_ids(tok: Tokenizer, words: list[str], what: str) -> list[list[int]]:

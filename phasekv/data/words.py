@@ -5,7 +5,7 @@ taken from a tokenizer's own vocabulary when those lists are not single tokens i
 evaluation draws its prompts from the same lists, so every word is one token of the word tokenizer.
 A tokenizer trained on real text (a small byte-level BPE) splits most animals and names into several
 tokens; recall data and prompts then take their keys, values and filler from the tokenizer's own
-single-token words instead (`word_source`, `vocab_words`), so a model trained on text is evaluated on
+single-token words instead (`choose_words`, `vocab_words`), so a model trained on text is evaluated on
 words it knows, with one token per key and value as the position-matched tests need.
 """
 
@@ -48,16 +48,23 @@ def load_words(name: str) -> list[str]:
     return list(_load(name))
 
 
-def word_source(source: str, lists: dict[str, list[str]], need: dict[str, int], single: Callable[[str], bool]) -> str:
-    """"lists" or "vocab" for a source setting (WORD_SOURCES): "auto" keeps the shipped `lists` (role -> words)
-    when every role has at least `need[role]` words that are one token (`single`), all three roles alike, so
-    that pools never mix (a vocabulary key could be a filler word of the lists)."""
+def choose_words(source: str, lists: dict[str, list[str]], need: dict[str, int], single: Callable[[str], bool],
+                 texts: Iterable[str]) -> tuple[str, dict[str, list[str]]]:
+    """("lists" or "vocab", role -> words) for a source setting (WORD_SOURCES): the shipped `lists` (role ->
+    words), or the vocabulary's words (`vocab_words`, decoded tokens `texts`), as many per role as the lists.
+    "auto" keeps the lists when every role has `need[role]` words that are one token (`single`), else takes the
+    vocabulary when it has `need[role]` words per role, else the lists again (split words and all: a tokenizer
+    too small for either). The three roles always come from one source, so pools never mix (a vocabulary key
+    could be a filler word of the lists)."""
     if source not in WORD_SOURCES:
         raise ConfigError(f"words must be one of {', '.join(WORD_SOURCES)}, got {source!r}")
-    if source != "auto":
-        return source
-    enough = all(sum(1 for w in lists[r] if single(w)) >= need[r] for r in ROLES)
-    return "lists" if enough else "vocab"
+    if source == "lists" or source == "auto" and all(sum(map(single, lists[r])) >= need[r] for r in ROLES):
+        return "lists", lists
+    pools = vocab_words(texts, single, max(len(w) for w in lists.values()))
+    words = {r: pools[r][: len(lists[r])] for r in ROLES}
+    if source == "auto" and any(len(words[r]) < need[r] for r in ROLES):
+        return "lists", lists
+    return "vocab", words
 
 
 def vocab_words(texts: Iterable[str], single: Callable[[str], bool], per_role: int) -> dict[str, list[str]]:

@@ -20,9 +20,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from phasekv.data.words import WORD_SOURCES
 from phasekv.errors import ConfigError
 from phasekv.eval.design import PositionDesign, make_design
-from phasekv.eval.tokens import WordTokenizer, word_list
+from phasekv.eval.tokens import WordTokenizer, prompt_words
 
 PADDINGS = ("prefix", "in-sequence")
 SEPARATORS = (";", ",", ".", "|", "and")
@@ -46,6 +47,8 @@ class PromptConfig:
     keys: str = "animals"  # word lists (phasekv/data/words)
     values: str = "names"
     filler_words: str = "filler"
+    words: str = "auto"  # "lists" (the three lists above), "vocab" (the tokenizer's own single-token words) or
+    # "auto" (the lists when they give enough single tokens, else the vocabulary; `phasekv.eval.tokens.prompt_words`)
     marker: str | None = None  # optional token between the records and the demonstrations (e.g. "?")
     n_keys: int = 0  # use only the first n words of the key list (0 = all; match a run trained on fewer)
     n_values: int = 0  # same for the value list
@@ -53,6 +56,8 @@ class PromptConfig:
     def __post_init__(self):
         if self.padding not in PADDINGS:
             raise ConfigError(f"padding must be one of {', '.join(PADDINGS)}, got {self.padding!r}")
+        if self.words not in WORD_SOURCES:
+            raise ConfigError(f"words must be one of {', '.join(WORD_SOURCES)}, got {self.words!r}")
         if self.key_tokens not in (1, 2):
             raise ConfigError(f"key_tokens must be 1 or 2, got {self.key_tokens}")
         if self.records < self.demos + 1 or self.records < 1 or self.demos < 0:
@@ -91,9 +96,11 @@ class RetrievalPrompts:
     def __init__(self, cfg: PromptConfig, tok: WordTokenizer):
         self.cfg, self.tok = cfg, tok
         need_keys = cfg.records if cfg.key_tokens == 1 else int(np.ceil(np.sqrt(cfg.records * 2)))
-        self.keys, _ = tok.single_tokens(word_list(cfg.keys)[: cfg.n_keys or None], "key", max(need_keys, 2))
-        self.values, _ = tok.single_tokens(word_list(cfg.values)[: cfg.n_values or None], "value", 2)
-        self.filler, _ = tok.single_tokens(word_list(cfg.filler_words), "filler", 1)
+        self.word_source, words = prompt_words(
+            tok, {"keys": cfg.keys, "values": cfg.values, "filler": cfg.filler_words},
+            {"keys": cfg.n_keys, "values": cfg.n_values, "filler": 0}, {"keys": max(need_keys, 2), "values": 2, "filler": 1},
+            cfg.words)
+        self.keys, self.values, self.filler = words["keys"], words["values"], words["filler"]
         if cfg.key_tokens == 2 and len(self.keys) ** 2 < cfg.records:
             raise ConfigError(f"{cfg.records} records need distinct two-word keys; only {len(self.keys)} keys")
         self.sep = None
@@ -216,9 +223,19 @@ class RetrievalPrompts:
             "design_notice": self.design.notice,
             "design_moments": self.design.moments(),
             "word_pools": {"keys": len(self.keys), "values": len(self.values), "filler": len(self.filler)},
+            "words": self.words_used(),
             "separator": self.sep,
             "tokenizer": self.tok.name,
         }
+
+
+    def words_used(self) -> dict:
+        """Where the prompt words come from and the words themselves (for summaries): the shipped lists by
+        name, or the tokenizer's own vocabulary."""
+        cfg = self.cfg
+        lists = {"keys": cfg.keys, "values": cfg.values, "filler": cfg.filler_words}
+        return {"source": self.word_source, **({"lists": lists} if self.word_source == "lists" else {}),
+                "keys": self.keys, "values": self.values, "filler": self.filler}
 
 
 def _composition(total: int, parts: int, rng: np.random.Generator) -> np.ndarray:
@@ -251,7 +268,8 @@ def lookup_config(model_info: dict | None = None, **kw) -> PromptConfig:
     are None are not given."""
     info = model_info or {}
     t = info.get("recall") or {}
-    own = {"n_keys": t.get("n_keys", 0), "n_values": t.get("n_values", 0), "key_tokens": t.get("key_words", 1)}
+    own = {"n_keys": t.get("n_keys", 0), "n_values": t.get("n_values", 0), "key_tokens": t.get("key_words", 1),
+           "words": t.get("words", "auto")}
     given = {k: v for k, v in kw.items() if v is not None}
     if not {"records", "demos", "filler"} & set(given):
         own.update(lookup_layout(info.get("train_len"), own["key_tokens"]))

@@ -187,8 +187,8 @@ def write_run(out: Path, rows: pd.DataFrame, task: str, em: EvalModel, cfg: Prom
         "per_group_requested": meta["per_group_requested"], "design_notice": meta["design_notice"],
         "target_moments": achieved,
         "provenance": {"seed": cfg.seed, "prompt_config": cfg.to_dict(), "model_info": em.info,
-                       "tokenizer": em.tok.name, "word_pools": meta["word_pools"], "world_size": world,
-                       "seconds": round(seconds, 2), "versions": versions(), **extra},
+                       "tokenizer": em.tok.name, "word_pools": meta["word_pools"], "words": meta["words"],
+                       "world_size": world, "seconds": round(seconds, 2), "versions": versions(), **extra},
     }
     out.mkdir(parents=True, exist_ok=True)
     _atomic_parquet(out / "results.parquet", rows)

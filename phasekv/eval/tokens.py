@@ -2,16 +2,20 @@
 
 Prompts are built as word sequences. Each word must be ONE token as it appears mid-text (after a
 space); the prompt text is tokenised the normal way (special tokens included) and the ids must equal
-special-prefix + one id per word, or the run fails. Word lists are filtered to single-token words.
+special-prefix + one id per word, or the run fails. Word lists are filtered to single-token words; where a
+tokenizer splits too many of them (a small BPE trained on text), the prompts take the tokenizer's own
+single-token words instead (`prompt_words`): multi-token keys would make the record length, and with it every
+record's phase, depend on the words drawn, where one token per word keeps the placement exact.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import resources
 
 from tokenizers import Tokenizer
 
+from phasekv.data.words import ROLES, choose_words
 from phasekv.errors import DataError
 
 _PROBE = "the"  # context word: mid-text ids are read as the tokens that follow it
@@ -67,6 +71,14 @@ class WordTokenizer:
             self._ids[word] = ids[-1] if ok else None
         return self._ids[word]
 
+    def single(self, word: str) -> bool:
+        return self.word_id(word) is not None
+
+    def vocab_texts(self) -> Iterator[str]:
+        """Every token decoded alone, in id order ('' for special tokens)."""
+        for i in range(self.vocab_size):
+            yield self.tok.decode([i], skip_special_tokens=True)
+
     def unknown_ids(self) -> set[int]:
         unk = getattr(self.tok, "unk_token_id", None) if self.hf else self.tok.token_to_id("<unk>")
         return {unk} if unk is not None else set()
@@ -120,6 +132,20 @@ class WordTokenizer:
                 f"(got {ids[k:k + 3]}, expected {want[k:k + 3]}; lengths {len(ids)} vs {len(want)})"
             )
         return ids
+
+
+def prompt_words(tok: WordTokenizer, lists: dict[str, str], counts: dict[str, int], need: dict[str, int],
+                 source: str = "auto") -> tuple[str, dict[str, list[str]]]:
+    """The keys, values and filler of a prompt set (role -> single-token words) and their source, "lists" or
+    "vocab" (`phasekv.data.words.choose_words`): the shipped lists named in `lists`, each cut to its first
+    `counts[role]` words (0: all), or the tokenizer's own words, as many per role as those lists give. "auto"
+    takes the lists when every role keeps `need[role]` single tokens and, where a count is given (the words a
+    recall run was trained on), all of its words are single tokens, as the run's own data did."""
+    words = {r: word_list(lists[r])[: counts[r] or None] for r in ROLES}
+    least = {r: max(need[r], len(words[r]) if counts[r] else 0) for r in ROLES}
+    source, words = choose_words(source, words, least, tok.single, tok.vocab_texts())
+    return source, {r: tok.single_tokens(words[r], what, need[r])[0]
+                    for r, what in zip(ROLES, ("key", "value", "filler"), strict=True)}
 
 
 def _find(seq: list[int], sub: list[int]) -> int:
