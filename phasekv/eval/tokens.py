@@ -15,7 +15,7 @@ from importlib import resources
 
 from tokenizers import Tokenizer
 
-from phasekv.data.words import ROLES, choose_words
+from phasekv.data.words import ROLES, choose_words, vocab_words
 from phasekv.errors import DataError
 
 _PROBE = "the"  # context word: mid-text ids are read as the tokens that follow it
@@ -113,6 +113,8 @@ class WordTokenizer:
         """'' (word-level, sentencepiece dummy prefix) or ' ' (GPT-2 style BPE): the text start that makes
         the first word tokenise like a mid-text word."""
         words = [w for w in ("the", "cat", "a", "dog") if self.word_id(w) is not None][:2]
+        if not words:  # a tokenizer of other words: two of its own
+            words = [w for pool in vocab_words(self.vocab_texts(), self.single, 1).values() for w in pool][:2]
         if not words:
             return ""
         for lead in ("", " "):

@@ -6,7 +6,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from phasekv.data.tokenizer import build_word_tokenizer, to_hf, train_bpe
 from phasekv.errors import DataError
 from phasekv.eval.models import load
-from phasekv.eval.prompts import PromptConfig, RetrievalPrompts, needle_config
+from phasekv.eval.design import group_moments
+from phasekv.eval.prompts import PromptConfig, RetrievalPrompts, lookup_config, needle_config
 from phasekv.eval.run import evaluate
 from phasekv.eval.tokens import WordTokenizer, word_list
 
@@ -35,8 +36,8 @@ def hf_dir(tmp_path_factory):
     return d
 
 
-def _check_all(ps):
-    for pr in ps:
+def _check_all(ps, pids=None):
+    for pr in ps if pids is None else map(ps.prompt, pids):
         assert pr.ids == ps.tok.encode(ps.tok.text(pr.words))  # the final ids are the tokenizer's own output
         assert pr.ids[pr.target_pos] == ps.tok.word_id(pr.words[pr.target_pos - len(ps.tok.prefix)])
         assert pr.ids[pr.target_pos + ps.cfg.key_tokens] == pr.answer
@@ -93,3 +94,48 @@ def test_hf_remote_code_needs_the_flag(tmp_path):
         "AutoModelForCausalLM": "modeling.Model"}}))
     with pytest.raises(Exception, match="trust-remote-code|trust_remote_code|not a loadable"):
         load(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def text_bpe():
+    """Byte-level BPE trained on generated text that never uses the shipped lists: clauses of two-syllable words
+    at Zipf frequencies joined by "and", so no animal (and hardly any name) is one token, but the frequent
+    made-up words are."""
+    rng = np.random.default_rng(1)
+    syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+    lexicon = sorted({"".join(rng.choice(syllables, 2)) for _ in range(400)})
+    p = 1 / np.arange(1, len(lexicon) + 1)
+    docs = [" and ".join(" ".join(rng.choice(lexicon, 6, p=p / p.sum())) for _ in range(10)) for _ in range(300)]
+    return train_bpe(docs, vocab_size=700, min_frequency=2, show_progress=False)
+
+
+def test_text_bpe_takes_its_own_words_with_exact_placement_and_matched_moments(text_bpe):
+    wt = WordTokenizer(text_bpe, "text-bpe")
+    assert wt.lead == " "  # found with its own words ("the", "cat", "a", "dog" are not single tokens here)
+    assert len(wt.single_tokens(word_list("animals"), "key", 0)[0]) < 16  # the lists do not give the records
+    cases = [lookup_config(records=16, demos=4, filler=48, per_group=576),  # the tiny models' lookup
+             lookup_config(padding="in-sequence", records=16, demos=4, filler=48, per_group=64, modulus=8),
+             needle_config(context=1024, records=125, per_group=64)]  # the needle at the study's density
+    for cfg in cases:
+        ps = RetrievalPrompts(cfg, wt)
+        used = ps.metadata()["words"]
+        assert used["source"] == "vocab" and "lists" not in used
+        pools = [set(used[r]) for r in ("keys", "values", "filler")]
+        assert not (pools[0] & pools[1] or pools[0] & pools[2] or pools[1] & pools[2])
+        assert all(w.isalpha() and len(w) >= 3 and wt.word_id(w) is not None for pool in pools for w in pool)
+        _check_all(ps, range(0, len(ps), 41))  # the tokenizer's own ids; target and query where the design puts them
+        targets = [[] for _ in range(cfg.modulus)]
+        for pid in range(len(ps)):  # every prompt's target position (where ps.prompt(pid) puts and checks it)
+            r, t, _ = ps.slot(pid)
+            targets[r].append(t)
+        m = group_moments(targets)
+        assert m["mean_spread"] == 0 and m["var_spread"] == 0  # moments matched exactly over the residues
+
+
+def test_word_source_can_be_forced(text_bpe, bpe):
+    wt = WordTokenizer(bpe, "bpe")  # half the animals are one token: the lists suffice, the vocabulary on request
+    small = dict(records=20, demos=3, modulus=4, per_group=16, filler=8)
+    assert RetrievalPrompts(PromptConfig(**small), wt).word_source == "lists"
+    assert RetrievalPrompts(PromptConfig(**small, words="vocab"), wt).word_source == "vocab"
+    with pytest.raises(DataError, match=r"only \d+ of \d+ key words are single tokens"):
+        RetrievalPrompts(PromptConfig(**small, words="lists"), WordTokenizer(text_bpe, "text-bpe"))
