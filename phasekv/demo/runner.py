@@ -19,6 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -29,11 +30,13 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from phasekv import __version__
 from phasekv.config import ModelConfig
 from phasekv.demo import stages
 from phasekv.demo.plan import DemoPlan, plan_for
 from phasekv.errors import ConfigError, PhaseKVError
 from phasekv.report.layout import THEORY_CHECKS, Layout, done
+from phasekv.report.render import render_report
 
 console = Console()
 
@@ -161,13 +164,11 @@ def _manifest(root: Path, plan: DemoPlan, jobs: int) -> dict:
     if old and old.get("plan") != plan.to_dict():
         raise ConfigError(f"{root} holds a {old.get('mode', 'different')} demo with other settings; "
                           "use another --out (or delete it) to run this one")
-    import phasekv
-
     models = {ModelConfig.from_name(m, preset=plan.preset).alias: {"name": ModelConfig.from_name(m).name}
               for m in plan.models}
     return {**old, "mode": plan.mode, "preset": plan.preset, "plan": plan.to_dict(), "models": models,
-            "version": phasekv.__version__, "threads": f"{jobs} worker process(es) × 1",
-            "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, torch {__import__('torch').__version__}",
+            "version": __version__, "threads": f"{jobs} worker process(es) × 1",
+            "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, torch {torch.__version__}",
             "data": {"description": f"synthetic associative recall ({', '.join(f'{k}={v}' for k, v in plan.recall.items())}), "
                                     f"seq_len {plan.seq_len}, batch {plan.batch_size}, {plan.steps_text()}; lookup "
                                     f"prompts: {plan.records} records, {plan.demos} demonstrations, filler "
@@ -274,8 +275,6 @@ def run_demo(out: str | os.PathLike = "demo_out", quick: bool = False, jobs: int
 
 
 def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool) -> dict:
-    from phasekv.report.render import render_report
-
     manifest = _manifest(root, plan, jobs)
     _write_manifest(root, manifest)
     tasks = build_tasks(root, plan)

@@ -5,44 +5,44 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
+import pandas as pd
 import torch
 
+from phasekv.analysis.cycling import analyze_cycle
+from phasekv.analysis.gates import analyze_gates
+from phasekv.analysis.knockout import analyze_knockout
 from phasekv.demo.plan import DemoPlan
+from phasekv.eval.flip import FlipConfig, run_flip
+from phasekv.eval.models import load
+from phasekv.eval.prompts import RetrievalPrompts, lookup_config
+from phasekv.eval.run import run_retrieval
+from phasekv.mitigate.compare import compare as compare_models
 from phasekv.report.layout import Layout
+from phasekv.theory import run_all
+from phasekv.train import TrainConfig, train
+from phasekv.train.checkpoint import latest_checkpoint, read_trainer_state
 
 
 def _setup() -> None:
     torch.set_num_threads(1)  # two shared cores: one thread per worker process
-    import warnings
-
     warnings.filterwarnings("ignore", message="per-group N=")  # the sampled design is chosen on purpose
 
 
 def _prompts(plan: DemoPlan, em, padding: str = "prefix", per_group: int | None = None):
     """Lookup prompts over the key/name lists the model was trained on; a per-group N that is not a
     multiple of M² is kept (sampled, moment-matched design)."""
-    from phasekv.eval.prompts import lookup_config
-
     n = per_group or plan.per_group
     return lookup_config(em.info, records=plan.records, demos=plan.demos, padding=padding,
                          filler=plan.filler, modulus=plan.modulus, per_group=n, keep_n=n % plan.modulus**2 != 0,
                          mappings=plan.mappings, seed=0)
 
 
-def _load(run_dir: str):
-    from phasekv.eval.models import load
-
-    return load(run_dir, device="cpu")
-
-
 def train_model(plan: dict, arch: str, run_dir: str) -> dict:
     """Train (or resume) one model; a run with no complete checkpoint restarts from scratch."""
     _setup()
-    from phasekv.train import TrainConfig, train
-    from phasekv.train.checkpoint import latest_checkpoint, read_trainer_state
-
     p = DemoPlan.from_dict(plan)
     last = latest_checkpoint(run_dir)
     resume = last is not None
@@ -57,18 +57,13 @@ def train_model(plan: dict, arch: str, run_dir: str) -> dict:
 
 def lookup(plan: dict, run_dir: str, out: str, padding: str) -> dict:
     _setup()
-    from phasekv.eval.run import run_retrieval
-
-    p, em = DemoPlan.from_dict(plan), _load(run_dir)
+    p, em = DemoPlan.from_dict(plan), load(run_dir)
     return run_retrieval("lookup", em, _prompts(p, em, padding), out, batch_size=p.eval_batch, progress=False)
 
 
 def flip(plan: dict, run_dir: str, out: str) -> dict:
     _setup()
-    from phasekv.eval.flip import FlipConfig, run_flip
-    from phasekv.eval.prompts import RetrievalPrompts, lookup_config
-
-    p, em = DemoPlan.from_dict(plan), _load(run_dir)
+    p, em = DemoPlan.from_dict(plan), load(run_dir)
     # the flip test's lookup-style prompt, over the key/name lists the model was trained on
     cfg = lookup_config(em.info, records=p.records, demos=p.demos, modulus=1, per_group=1,
                         filler=2, mappings=1, seed=0)  # filler >= record length - 1 (3 with two-word keys)
@@ -81,18 +76,14 @@ def flip(plan: dict, run_dir: str, out: str) -> dict:
 
 def knockout(plan: dict, run_dir: str, out: str) -> dict:
     _setup()
-    from phasekv.analysis.knockout import analyze_knockout
-
-    p, em = DemoPlan.from_dict(plan), _load(run_dir)
+    p, em = DemoPlan.from_dict(plan), load(run_dir)
     cfg = _prompts(p, em, "prefix", p.ko_per_group)
     return analyze_knockout(em, cfg, out, n_cal=p.n_cal, batch_size=p.eval_batch, progress=False)
 
 
 def gates(plan: dict, run_dir: str, out: str, knockout_dir: str) -> dict:
     _setup()
-    from phasekv.analysis.gates import analyze_gates
-
-    p, em = DemoPlan.from_dict(plan), _load(run_dir)
+    p, em = DemoPlan.from_dict(plan), load(run_dir)
     ko = knockout_dir if (Path(knockout_dir) / "summary.json").is_file() else None
     return analyze_gates(em, _prompts(p, em), out, n_prompts=p.gate_prompts, batch_size=p.eval_batch,
                          knockout=ko, progress=False)
@@ -100,9 +91,7 @@ def gates(plan: dict, run_dir: str, out: str, knockout_dir: str) -> dict:
 
 def cycle(plan: dict, run_dir: str, out: str) -> dict:
     _setup()
-    from phasekv.analysis.cycling import analyze_cycle
-
-    p, em = DemoPlan.from_dict(plan), _load(run_dir)
+    p, em = DemoPlan.from_dict(plan), load(run_dir)
     cfg = _prompts(p, em, "prefix", p.cycle_per_group)
     return analyze_cycle([em], cfg, out, deltas=p.deltas, batch_size=p.eval_batch, n_boot=p.n_boot,
                          progress=False)
@@ -110,21 +99,15 @@ def cycle(plan: dict, run_dir: str, out: str) -> dict:
 
 def theory(plan: dict, out: str) -> dict:
     _setup()
-    from phasekv.theory import run_all
-
     return run_all(out, quick=DemoPlan.from_dict(plan).theory_quick, progress=False)
 
 
 def examples(plan: dict, root: str, aliases: list[str], tokenizer_run: str) -> dict:
     """A few lookup prompts as words with the target key, its answer and the query marked, and what each
     model answered on exactly that prompt (from the lookup results)."""
-    import pandas as pd
-
-    from phasekv.eval.prompts import RetrievalPrompts
-
     p = DemoPlan.from_dict(plan)
     lay = Layout(root)
-    em = _load(tokenizer_run)
+    em = load(tokenizer_run)
     tok = em.tok
     out = []
     for padding, residue in (("prefix", 7), ("prefix", 3), ("in-sequence", 7)):
@@ -158,6 +141,4 @@ def examples(plan: dict, root: str, aliases: list[str], tokenizer_run: str) -> d
 def compare(plan: dict, evals: list[str], out: str) -> dict:
     """Cache size, training/decode cost and gap of every model side by side (`phasekv compare`)."""
     _setup()
-    from phasekv.mitigate.compare import compare as compare_models
-
     return compare_models([Path(e) for e in evals], out=Path(out), protocol="prefix")

@@ -67,10 +67,10 @@ def audit_command(
 
     Example: phasekv audit --model runs/w8s8 --stride 8 --max-gap 10
     """
-    from phasekv.eval.cli import _load
+    from phasekv.eval.models import load
     from phasekv.mitigate.audit import print_verdict, run_audit
 
-    em = _load(model, device, trust_remote_code, tokenizer)
+    em = load(model, device=device, trust_remote_code=trust_remote_code, tokenizer=tokenizer)
     out = out or Path(f"audit-{Path(model).resolve().name}")
     v = run_audit(em, out, stride=stride, max_gap=max_gap, task=task, per_group=per_group, modulus=modulus,
                   context=context, records=records, demos=demos, filler=filler, seed=seed, batch_size=batch_size)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from phasekv.report.load import Study
 from phasekv.report.published import CYCLING_R2
+from phasekv.report.tables import r2_grid
 
 ALPHA = 0.05  # significance level for "periodic"
 
@@ -102,8 +103,6 @@ def lookup_checks(study: Study, padding: str) -> list[Check]:
 
 
 def cycling_checks(study: Study) -> list[Check]:
-    from phasekv.report.tables import r2_grid
-
     grid = r2_grid(study)
     if grid is None or grid.empty:
         return []

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from phasekv.config import ModelConfig
 from phasekv.errors import DataError
 from phasekv.report.layout import ANALYSES, PADDINGS, RESULTS, SUMMARY, THEORY_CHECKS, Layout
 
@@ -103,8 +104,6 @@ def _stages(layout: Layout, parent: Path) -> dict[str, Stage]:
 
 def _model(alias: str, hints: dict) -> Model:
     """Compression attributes from the paper name (one source of truth), else from a result's summary."""
-    from phasekv.config import ModelConfig
-
     name = hints.get("name") or alias
     try:
         cfg = ModelConfig.from_name(name if "·" in name else alias)

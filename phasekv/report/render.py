@@ -9,7 +9,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from plotly.offline import get_plotlyjs
+from rich.progress import Progress
+
 from phasekv.errors import DataError
+from phasekv.mitigate.compare import verdict_lines
 from phasekv.report import checks, html, plots, pngs, published, tables
 from phasekv.report.html import esc, fmt
 from phasekv.report.layout import Layout
@@ -297,8 +301,6 @@ def section_compare(b: Builder) -> None:
     if st is None or st.summary.get("schema") != "phasekv.compare/1":
         b.add("compare", "Cost and gap", missing("comparison", "phasekv compare"))
         return
-    from phasekv.mitigate.compare import verdict_lines
-
     s = st.summary
 
     def ci(r, k):
@@ -373,8 +375,6 @@ def _honest_note(study: Study) -> str:
 
 def render_report(root: str | os.PathLike, progress: bool = True) -> Path:
     """Render ROOT/report/index.html and ROOT/report/figures/*.png; returns the index path."""
-    from plotly.offline import get_plotlyjs
-
     study = load_study(root)
     if not study.has_results() and not study.models:
         raise DataError(f"{root}: no results to report (expected runs/, eval/, analysis/ or theory/ inside)")
@@ -385,8 +385,6 @@ def render_report(root: str | os.PathLike, progress: bool = True) -> Path:
     t0 = time.time()
     steps = [section_verdicts, section_runs, section_lookup, section_examples, section_flip, section_knockout,
              section_gates, section_alignment, section_cycle, section_compare, section_theory, section_published]
-    from rich.progress import Progress
-
     with Progress(disable=not progress, transient=True) as prog:
         task = prog.add_task("report", total=len(steps))
         for step in steps:

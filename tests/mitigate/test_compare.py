@@ -9,13 +9,13 @@ from typer.testing import CliRunner
 
 from phasekv import ModelConfig, PhaseLM
 from phasekv.data.tokenizer import build_word_tokenizer
+from phasekv.eval.ensemble import phase_ensemble
 from phasekv.eval.models import load
 from phasekv.eval.prompts import lookup_config
 from phasekv.eval.run import run_retrieval
 from phasekv.eval.tokens import WordTokenizer
 from phasekv.mitigate import cli as mitigate_cli
 from phasekv.mitigate.compare import ROW_FIELDS, SCHEMA, Bench, _criteria, compare
-from phasekv.mitigate.ensemble import phase_ensemble
 
 CFG = dict(records=12, demos=2, filler=8, modulus=4, per_group=16, mappings=4)
 
