@@ -13,7 +13,7 @@ import torch
 
 from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
 from phasekv.eval.run import versions
-from phasekv.model.io import atomic_write, atomic_write_text
+from phasekv.io import write_parquet, write_text
 
 
 def _json_default(o):
@@ -66,8 +66,8 @@ def write_outputs(out: Path, results: pd.DataFrame, summary: dict, **tables: pd.
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for name, df in {"results": results, **tables}.items():
-        atomic_write(out / f"{name}.parquet", lambda tmp, df=df: df.to_parquet(tmp, index=False))
-    atomic_write_text(out / "summary.json", json.dumps(_clean(summary), indent=2, default=_json_default))
+        write_parquet(out / f"{name}.parquet", df)
+    write_text(out / "summary.json", json.dumps(_clean(summary), indent=2, default=_json_default))
 
 
 @contextmanager

@@ -3,7 +3,6 @@ paths, the per-head panel (gates beside knockouts) and gate cycling."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import matplotlib
@@ -14,18 +13,18 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from phasekv.io import write_figure  # noqa: E402
+
 KO_CMAP = "RdBu"  # red = accuracy lost, blue = gained
 SCORE_CMAP = "PuOr_r"
 
 
 def save(fig, path: Path) -> None:
-    """Write atomically (temp file, then rename) and close."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=130, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, path)
+    """Write atomically (`phasekv.io`) and close."""
+    try:
+        write_figure(path, fig, dpi=130, bbox_inches="tight")
+    finally:
+        plt.close(fig)
 
 
 def _matrix(table: pd.DataFrame, grouping: str, value: str = "rel_change") -> tuple[np.ndarray, list[str], list[int]]:

@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 from phasekv.data.stream import IGNORE, Example, rng_for
 from phasekv.data.tokenizer import special_ids, tokenizer_hash
 from phasekv.errors import DataError
+from phasekv.io import atomic_dir, atomic_write
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 DEFAULT_CACHE = Path(os.environ.get("PHASEKV_CACHE", Path.home() / ".cache" / "phasekv")) / "shards"
@@ -137,7 +138,7 @@ def _init_worker(tok_json: str):
 
 
 def _tokenize_file(args: tuple[str, str, int, str]) -> int:
-    """Worker: one file -> one shard (written to a temp name then renamed); returns the token count."""
+    """Worker: one file -> one shard (written atomically); returns the token count."""
     path, out, eos, dtype = args
     ids: list[int] = []
     docs = list(iter_documents(path))
@@ -146,9 +147,7 @@ def _tokenize_file(args: tuple[str, str, int, str]) -> int:
             ids.extend(enc.ids)
             ids.append(eos)
     arr = np.asarray(ids, dtype=dtype)
-    tmp = out + ".tmp"
-    arr.tofile(tmp)
-    os.replace(tmp, out)
+    atomic_write(out, arr.tofile)
     return len(arr)
 
 
@@ -173,18 +172,13 @@ def build_shards(spec, tok: Tokenizer, cache_dir: str | os.PathLike | None = Non
         raise DataError("tokenizer has no end-of-text token (<eos>, <|endoftext|> or </s>) to join documents")
     dtype = "uint16" if tok.get_vocab_size() <= 65535 else "uint32"
     shutil.rmtree(out, ignore_errors=True)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    jobs = [(str(f), str(tmp / f"shard_{i:05d}.bin"), eos, dtype) for i, f in enumerate(files)]
-    workers = max(1, min(workers or os.cpu_count() or 1, len(files)))
-    counts = _run_jobs(jobs, tok, workers, progress)
-    meta = {"files": [str(f) for f in files], "tokens": counts, "dtype": dtype, "eos": eos,
-            "tokenizer_hash": tokenizer_hash(tok), "vocab_size": tok.get_vocab_size()}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    try:
-        os.replace(tmp, out)
-    except OSError:  # another process finished first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
+    with atomic_dir(out, shared=True) as tmp:  # every rank and run may build the same cache at once
+        jobs = [(str(f), str(tmp / f"shard_{i:05d}.bin"), eos, dtype) for i, f in enumerate(files)]
+        workers = max(1, min(workers or os.cpu_count() or 1, len(files)))
+        counts = _run_jobs(jobs, tok, workers, progress)
+        meta = {"files": [str(f) for f in files], "tokens": counts, "dtype": dtype, "eos": eos,
+                "tokenizer_hash": tokenizer_hash(tok), "vocab_size": tok.get_vocab_size()}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     return out
 
 

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from phasekv.data.words import load_words
 from phasekv.errors import DataError
+from phasekv.io import atomic_write
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
@@ -86,15 +87,11 @@ def load_tokenizer(spec: str | os.PathLike | None = None) -> Tokenizer:
 
 
 def save_tokenizer(tok: Tokenizer, path: str | os.PathLike) -> Path:
-    """Write `tokenizer.json` atomically (temp file then rename); `path` may be a directory."""
+    """Write `tokenizer.json` atomically (`phasekv.io`); `path` may be a directory."""
     path = Path(path)
     if path.is_dir() or not path.suffix:
         path = path / "tokenizer.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tok.save(str(tmp))
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, tok.save)
 
 
 def tokenizer_hash(tok: Tokenizer) -> str:

@@ -35,6 +35,7 @@ from phasekv.config import ModelConfig
 from phasekv.demo import stages
 from phasekv.demo.plan import DemoPlan, plan_for
 from phasekv.errors import ConfigError, PhaseKVError
+from phasekv.io import write_json
 from phasekv.report.layout import THEORY_CHECKS, Layout, done
 from phasekv.report.render import render_report
 
@@ -177,10 +178,7 @@ def _manifest(root: Path, plan: DemoPlan, jobs: int) -> dict:
 
 
 def _write_manifest(root: Path, manifest: dict) -> None:
-    path = Layout(root).manifest
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, default=str))
-    tmp.replace(path)
+    write_json(Layout(root).manifest, manifest, indent=1, default=str)
 
 
 def run_tasks(tasks: list[Task], jobs: int, progress: bool,

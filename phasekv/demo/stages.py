@@ -3,7 +3,6 @@ Python entry points, and writes its outputs atomically into the study layout (`p
 
 from __future__ import annotations
 
-import json
 import shutil
 import warnings
 from pathlib import Path
@@ -19,6 +18,7 @@ from phasekv.eval.flip import FlipConfig, run_flip
 from phasekv.eval.models import load
 from phasekv.eval.prompts import RetrievalPrompts, lookup_config
 from phasekv.eval.run import run_retrieval
+from phasekv.io import write_json
 from phasekv.mitigate.compare import compare as compare_models
 from phasekv.report.layout import Layout
 from phasekv.theory import run_all
@@ -130,11 +130,7 @@ def examples(plan: dict, root: str, aliases: list[str], tokenizer_run: str) -> d
                                              "query": [len(pr.words) - 1]},
             "answers": answers,
         })
-    path = lay.examples
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"examples": out}, indent=1))
-    tmp.replace(path)
+    write_json(lay.examples, {"examples": out}, indent=1)
     return {"examples": len(out)}
 
 

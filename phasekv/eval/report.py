@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+from phasekv.io import write_figure
 
 
 def _interval(ci) -> str:
@@ -47,11 +48,7 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
 
 
 def _save(fig, path: Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=130, bbox_inches="tight")
-    os.replace(tmp, path)
+    write_figure(path, fig, dpi=130, bbox_inches="tight")
 
 
 def plot_profile(summary: dict, path: Path) -> None:

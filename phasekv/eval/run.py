@@ -32,7 +32,7 @@ from phasekv.eval.models import EvalModel, last_logits
 from phasekv.eval.prompts import Prompt, PromptConfig, RetrievalPrompts
 from phasekv.eval.stats import summarize
 from phasekv.eval.tokens import WordTokenizer
-from phasekv.model.io import atomic_write, atomic_write_text
+from phasekv.io import write_parquet, write_text
 
 COLUMNS = ["pid", "residue", "target_pos", "query_pos", "target_index", "mapping", "answer", "answer_word",
            "pred", "pred_word", "correct", "prob", "protocol"]
@@ -240,11 +240,11 @@ def _flush(part: Path, rank: int, rows: list[dict]) -> None:
 
 
 def _atomic_parquet(path: Path, df: pd.DataFrame) -> None:
-    atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
+    write_parquet(path, df)
 
 
 def _atomic_text(path: Path, text: str) -> None:
-    atomic_write_text(path, text)
+    write_text(path, text)
 
 
 def _dist_init(device: torch.device) -> tuple[int, int]:

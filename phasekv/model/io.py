@@ -1,11 +1,8 @@
-"""Model files: `config.json` + `model.safetensors` (no pickle). Writes are atomic (temp file, then rename)."""
+"""Model files: `config.json` + `model.safetensors` (no pickle). Writes are atomic (`phasekv.io`)."""
 
 from __future__ import annotations
 
-import errno
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -14,31 +11,10 @@ from safetensors.torch import load_file, save_file
 
 from phasekv.config import ModelConfig
 from phasekv.errors import CheckpointError
+from phasekv.io import atomic_write, write_text
 from phasekv.model.manifest import MANIFEST_FILE, verify_manifest
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
-
-
-def atomic_write(path: Path, write) -> None:
-    """Call write(tmp_path), then rename onto `path`: a crash leaves the old file or none, never half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            raise OSError(errno.ENOSPC, f"no space left on device; {path.name} was left as it was", str(path)) from exc
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def save_model(model, directory) -> None:
@@ -46,7 +22,7 @@ def save_model(model, directory) -> None:
     (directory / MANIFEST_FILE).unlink(missing_ok=True)  # a checkpoint's checksums no longer hold
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     atomic_write(directory / WEIGHTS_FILE, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
-    atomic_write_text(directory / CONFIG_FILE, model.config.to_json())
+    write_text(directory / CONFIG_FILE, model.config.to_json())
 
 
 def read_config(directory) -> ModelConfig:

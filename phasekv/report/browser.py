@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 from phasekv.errors import ConfigError
+from phasekv.io import write_bytes
 
 CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
@@ -201,9 +202,7 @@ class Browser:
                        "clip": {"x": 0, "y": 0, "width": self.eval("document.documentElement.clientWidth"),
                                 "height": h, "scale": 1}}
         data = self.call("Page.captureScreenshot", **params)["data"]
-        out = Path(path)
-        out.write_bytes(base64.b64decode(data))
-        return out
+        return write_bytes(path, base64.b64decode(data))
 
     def console_errors(self) -> list[str]:
         """Console errors, uncaught exceptions and failed loads seen since the last `open`."""

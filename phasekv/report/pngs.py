@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -13,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import LinearSegmentedColormap  # noqa: E402
 
+from phasekv.io import write_figure  # noqa: E402
 from phasekv.report import tables  # noqa: E402
 from phasekv.report.load import Study  # noqa: E402
 
@@ -20,18 +19,11 @@ RDBU = LinearSegmentedColormap.from_list("lost_gained", ["#b2182b", "#ef8a62", "
 
 
 def save(fig, path: Path) -> Path:
-    """Write atomically (temp file, rename) so an interrupted render never leaves a truncated PNG."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    """Write atomically so an interrupted render never leaves a truncated PNG."""
     try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        return write_figure(path, fig, dpi=110, bbox_inches="tight")
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
 
 
 def residue_png(study: Study, padding: str, colors: dict, path: Path) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from plotly.offline import get_plotlyjs
 from rich.progress import Progress
 
 from phasekv.errors import DataError
+from phasekv.io import write_text
 from phasekv.mitigate.compare import verdict_lines
 from phasekv.report import checks, html, plots, pngs, published, tables
 from phasekv.report.html import esc, fmt
@@ -398,9 +398,4 @@ def render_report(root: str | os.PathLike, progress: bool = True) -> Path:
              f"every figure are in <code>figures/</code> beside this file.</p>")
     page = html.page("phasekv report", header(study), body, get_plotlyjs())
     index = out / "index.html"
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=".index.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(page)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, index)
-    return index
+    return write_text(index, page)

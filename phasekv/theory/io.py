@@ -1,4 +1,4 @@
-"""Outputs of the theory checks: atomic parquet/json writes, provenance, progress bars."""
+"""Outputs of the theory checks: parquet/json/PNG writers (atomic, `phasekv.io`), provenance, progress bars."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +15,7 @@ import pandas as pd
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+import phasekv.io
 from phasekv.errors import ConfigError
 
 
@@ -27,19 +27,8 @@ def prepare_out(out: str | os.PathLike) -> Path:
     return path
 
 
-def _atomic(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def write_parquet(df: pd.DataFrame, path: Path) -> None:
-    _atomic(path, lambda tmp: df.to_parquet(tmp, index=False))
+    phasekv.io.write_parquet(path, df)
 
 
 def _jsonable(obj):
@@ -55,18 +44,13 @@ def _jsonable(obj):
 
 
 def write_json(obj: dict, path: Path) -> None:
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(_jsonable(obj), f, indent=2)
-            f.write("\n")
-
-    _atomic(path, write)
+    phasekv.io.write_text(path, json.dumps(_jsonable(obj), indent=2) + "\n")
 
 
 def save_figure(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    _atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png"))
+    phasekv.io.write_figure(path, fig, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -27,10 +27,12 @@ import shutil
 import warnings
 from pathlib import Path
 
+import safetensors.torch
 import torch
 
 from phasekv.errors import CheckpointError
-from phasekv.model.io import CONFIG_FILE, WEIGHTS_FILE, atomic_write_text
+from phasekv.io import atomic_dir, remove_dir
+from phasekv.model.io import CONFIG_FILE, WEIGHTS_FILE
 from phasekv.model.manifest import verify_manifest, write_manifest
 
 CKPT_DIR = "checkpoints"
@@ -72,40 +74,28 @@ def latest_checkpoint(run_dir: str | os.PathLike, verify: bool = True) -> Path |
 
 def save_checkpoint(run_dir: Path, step: int, model_state: dict, model_config_json: str, optim_state: dict,
                     trainer_state: dict, keep: int = 2) -> Path:
-    """Write one checkpoint atomically (temp dir, fsync, rename), then prune to the newest `keep`."""
-    from safetensors.torch import save_file
-
+    """Write one checkpoint atomically (`phasekv.io.atomic_dir`), then prune to the newest `keep`."""
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):  # left by a crash mid-write
         shutil.rmtree(stale, ignore_errors=True)
     final = step_dir(run_dir, step)
-    tmp = root / f".tmp-{final.name}"
-    tmp.mkdir()
     state = {k: v.detach().contiguous().cpu() for k, v in model_state.items()}
     try:
-        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        (tmp / CONFIG_FILE).write_text(model_config_json)
-        torch.save(optim_state, tmp / OPTIM_FILE)
-        (tmp / STATE_FILE).write_text(json.dumps(trainer_state))  # marks the checkpoint complete
-        write_manifest(tmp, [WEIGHTS_FILE, CONFIG_FILE, OPTIM_FILE, STATE_FILE])  # sha256 of what is on disk
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
+        with atomic_dir(final) as tmp:
+            safetensors.torch.save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+            (tmp / CONFIG_FILE).write_text(model_config_json)
+            torch.save(optim_state, tmp / OPTIM_FILE)
+            (tmp / STATE_FILE).write_text(json.dumps(trainer_state))  # marks the checkpoint complete
+            write_manifest(tmp, [WEIGHTS_FILE, CONFIG_FILE, OPTIM_FILE, STATE_FILE])  # sha256 of what is on disk
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise
-        shutil.rmtree(tmp, ignore_errors=True)  # free the space; the previous checkpoint is untouched
-        prev = latest_checkpoint(run_dir, verify=False)
+        prev = latest_checkpoint(run_dir, verify=False)  # the partial write is already removed (space freed)
         raise OSError(errno.ENOSPC, f"no space left on device while writing checkpoint {final.name}; "
                       f"the previous checkpoint ({prev.name if prev else 'none'}) is intact", str(root)) from exc
-    if final.exists():  # re-saving the same step (e.g. after resume): replace it
-        shutil.rmtree(final)
-    os.replace(tmp, final)
     for old in list_checkpoints(run_dir)[:-keep]:
-        trash = root / f".tmp-old-{old.name}"  # rename first: a kill mid-delete leaves no half checkpoint
-        os.replace(old, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        remove_dir(old)
     return final
 
 
@@ -121,7 +111,3 @@ def read_optimizer(ckpt: Path) -> dict:
         return torch.load(ckpt / OPTIM_FILE, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise CheckpointError(f"{ckpt / OPTIM_FILE}: unreadable optimizer state ({exc})") from None
-
-
-def write_json(path: Path, obj) -> None:
-    atomic_write_text(Path(path), json.dumps(obj, indent=2, default=str))

@@ -24,6 +24,7 @@ from phasekv.data.sources import DataConfig, build_stream, data_tokenizer
 from phasekv.data.stream import IGNORE, batch
 from phasekv.data.tokenizer import describe, load_tokenizer, save_tokenizer
 from phasekv.errors import CheckpointError, ConfigError, PhaseKVError
+from phasekv.io import write_json, write_text
 from phasekv.mitigate.regulariser import CoverageProbe
 from phasekv.model.transformer import PhaseLM
 from phasekv.train import checkpoint as ck
@@ -232,7 +233,7 @@ class Logs:
             p = out / name
             if p.is_file():
                 rows = [r for r in p.read_text().splitlines() if _row_step(r) <= start_step]
-                ck.atomic_write_text(p, "".join(r + "\n" for r in rows))
+                write_text(p, "".join(r + "\n" for r in rows))
         if cfg.logger == "tensorboard":
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -353,8 +354,9 @@ def _train(cfg: TrainConfig, resuming: bool, dist: Dist) -> dict:
     if dist.main:
         out.mkdir(parents=True, exist_ok=True)
         save_tokenizer(tok, out / "tokenizer.json")
-        ck.write_json(out / "config.json", {"train": cfg.to_dict(), "model": mcfg.to_dict(), "name": mcfg.name,
-                                            "tokenizer": describe(tok), "versions": _versions(), "seed": seed})
+        write_json(out / "config.json", {"train": cfg.to_dict(), "model": mcfg.to_dict(), "name": mcfg.name,
+                                         "tokenizer": describe(tok), "versions": _versions(), "seed": seed},
+                   default=str)
         (out / "done.json").unlink(missing_ok=True)
 
     model.to(device)
@@ -463,7 +465,7 @@ def _train(cfg: TrainConfig, resuming: bool, dist: Dist) -> dict:
                "elapsed_s": elapsed, "n_params": model.n_params, "out": str(out), "seed": seed,
                "versions": _versions(), **summary}
     if dist.main:
-        ck.write_json(out / "done.json", summary)
+        write_json(out / "done.json", summary, default=str)
     logs.close()
     return summary
 
