@@ -7,23 +7,17 @@ import shutil
 import warnings
 from pathlib import Path
 
-import pandas as pd
 import torch
 
-from phasekv.analysis.cycling import analyze_cycle
-from phasekv.analysis.gates import analyze_gates
-from phasekv.analysis.knockout import analyze_knockout
 from phasekv.demo.plan import DemoPlan
-from phasekv.eval.flip import FlipConfig, run_flip
 from phasekv.eval.models import load
-from phasekv.eval.prompts import RetrievalPrompts, lookup_config
-from phasekv.eval.run import run_retrieval
+from phasekv.eval.prompts import RetrievalPrompts
+from phasekv.eval.protocols import LOOKUP, PROTOCOLS
 from phasekv.io import write_json
-from phasekv.mitigate.compare import compare as compare_models
 from phasekv.report.layout import Layout
-from phasekv.theory import run_all
-from phasekv.train import TrainConfig, train
-from phasekv.train.checkpoint import latest_checkpoint, read_trainer_state
+
+# A stage imports the room it runs (training, statistics, analyses, theory) when it runs, in its worker:
+# every `phasekv` command imports this module (through `phasekv.demo`), and stays quick to start.
 
 
 def _setup() -> None:
@@ -31,17 +25,19 @@ def _setup() -> None:
     warnings.filterwarnings("ignore", message="per-group N=")  # the sampled design is chosen on purpose
 
 
-def _prompts(plan: DemoPlan, em, padding: str = "prefix", per_group: int | None = None):
-    """Lookup prompts over the key/name lists the model was trained on; a per-group N that is not a
-    multiple of M² is kept (sampled, moment-matched design)."""
+def _prompts(plan: DemoPlan, em, padding: str = "prefix", per_group: int | None = None, fit=LOOKUP.fit):
+    """The plan's prompts (default: the lookup) over the key/name lists the model was trained on; a per-group
+    N that is not a multiple of M² is kept (sampled, moment-matched design)."""
     n = per_group or plan.per_group
-    return lookup_config(em.info, records=plan.records, demos=plan.demos, padding=padding,
-                         filler=plan.filler, modulus=plan.modulus, per_group=n, keep_n=n % plan.modulus**2 != 0,
-                         mappings=plan.mappings, seed=0)
+    return fit(em, records=plan.records, demos=plan.demos, padding=padding, filler=plan.filler,
+               modulus=plan.modulus, per_group=n, keep_n=n % plan.modulus**2 != 0, mappings=plan.mappings, seed=0)
 
 
 def train_model(plan: dict, arch: str, run_dir: str) -> dict:
     """Train (or resume) one model; a run with no complete checkpoint restarts from scratch."""
+    from phasekv.train import TrainConfig, train
+    from phasekv.train.checkpoint import latest_checkpoint, read_trainer_state
+
     _setup()
     p = DemoPlan.from_dict(plan)
     last = latest_checkpoint(run_dir)
@@ -55,17 +51,24 @@ def train_model(plan: dict, arch: str, run_dir: str) -> dict:
     return {**train(cfg, resume=resume), "resumed_from": start}
 
 
-def lookup(plan: dict, run_dir: str, out: str, padding: str) -> dict:
+def retrieval(plan: dict, run_dir: str, out: str, protocol: str, padding: str) -> dict:
+    """A retrieval protocol's evaluation (`phasekv.eval.protocols`) under one padding, at the plan's sizes."""
+    from phasekv.eval.run import run_retrieval
+
     _setup()
     p, em = DemoPlan.from_dict(plan), load(run_dir)
-    return run_retrieval("lookup", em, _prompts(p, em, padding), out, batch_size=p.eval_batch, progress=False)
+    proto = PROTOCOLS[protocol]
+    return run_retrieval(proto.name, em, _prompts(p, em, padding, fit=proto.fit), out, batch_size=p.eval_batch,
+                         progress=False)
 
 
 def flip(plan: dict, run_dir: str, out: str) -> dict:
+    from phasekv.eval.flip import FlipConfig, run_flip
+
     _setup()
     p, em = DemoPlan.from_dict(plan), load(run_dir)
     # the flip test's lookup-style prompt, over the key/name lists the model was trained on
-    cfg = lookup_config(em.info, records=p.records, demos=p.demos, modulus=1, per_group=1,
+    cfg = LOOKUP.fit(em, records=p.records, demos=p.demos, modulus=1, per_group=1,
                         filler=2, mappings=1, seed=0)  # filler >= record length - 1 (3 with two-word keys)
     ps = RetrievalPrompts(cfg, em.tok)
     words, _, _, answer = ps.words(0)
@@ -75,6 +78,8 @@ def flip(plan: dict, run_dir: str, out: str) -> dict:
 
 
 def knockout(plan: dict, run_dir: str, out: str) -> dict:
+    from phasekv.analysis.knockout import analyze_knockout
+
     _setup()
     p, em = DemoPlan.from_dict(plan), load(run_dir)
     cfg = _prompts(p, em, "prefix", p.ko_per_group)
@@ -82,6 +87,8 @@ def knockout(plan: dict, run_dir: str, out: str) -> dict:
 
 
 def gates(plan: dict, run_dir: str, out: str, knockout_dir: str) -> dict:
+    from phasekv.analysis.gates import analyze_gates
+
     _setup()
     p, em = DemoPlan.from_dict(plan), load(run_dir)
     ko = knockout_dir if (Path(knockout_dir) / "summary.json").is_file() else None
@@ -90,6 +97,8 @@ def gates(plan: dict, run_dir: str, out: str, knockout_dir: str) -> dict:
 
 
 def cycle(plan: dict, run_dir: str, out: str) -> dict:
+    from phasekv.analysis.cycling import analyze_cycle
+
     _setup()
     p, em = DemoPlan.from_dict(plan), load(run_dir)
     cfg = _prompts(p, em, "prefix", p.cycle_per_group)
@@ -98,6 +107,8 @@ def cycle(plan: dict, run_dir: str, out: str) -> dict:
 
 
 def theory(plan: dict, out: str) -> dict:
+    from phasekv.theory import run_all
+
     _setup()
     return run_all(out, quick=DemoPlan.from_dict(plan).theory_quick, progress=False)
 
@@ -105,6 +116,8 @@ def theory(plan: dict, out: str) -> dict:
 def examples(plan: dict, root: str, aliases: list[str], tokenizer_run: str) -> dict:
     """A few lookup prompts as words with the target key, its answer and the query marked, and what each
     model answered on exactly that prompt (from the lookup results)."""
+    import pandas as pd
+
     p = DemoPlan.from_dict(plan)
     lay = Layout(root)
     em = load(tokenizer_run)
@@ -134,7 +147,12 @@ def examples(plan: dict, root: str, aliases: list[str], tokenizer_run: str) -> d
     return {"examples": len(out)}
 
 
+SWEEPS = {"flip": flip}  # the demo stage of each protocol that is not a retrieval (`Protocol.retrieval`)
+
+
 def compare(plan: dict, evals: list[str], out: str) -> dict:
     """Cache size, training/decode cost and gap of every model side by side (`phasekv compare`)."""
+    from phasekv.mitigate.compare import compare as compare_models
+
     _setup()
     return compare_models([Path(e) for e in evals], out=Path(out), protocol="prefix")

@@ -9,7 +9,6 @@ filler(L-1); a family whose text does not tokenise that way is skipped with a no
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,7 +20,10 @@ import torch
 from phasekv.errors import ConfigError, DataError
 from phasekv.eval.models import EvalModel, last_logits
 from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
+from phasekv.eval.protocols import FLIP
+from phasekv.eval.run import json_default, progress_bar, versions
 from phasekv.eval.tokens import WordTokenizer, word_list
+from phasekv.io import write_json, write_parquet
 
 DEFAULT_FAMILIES = ("words", "repeat:the", "repeat:=", "repeat:,")
 
@@ -132,9 +134,6 @@ def follow_pattern(winners: list[int], lengths: list[int], stride: int) -> tuple
 
 def run_flip(em: EvalModel, cfg: FlipConfig, out: str | Path, stride: int | None = None,
              progress: bool = True) -> dict:
-    from phasekv.eval.report import plot_flip
-    from phasekv.eval.run import _atomic_parquet, _atomic_text, _json_default, _progress, versions
-
     t0 = time.time()
     stride = stride if stride is not None else em.stride
     tok = em.tok
@@ -154,7 +153,7 @@ def run_flip(em: EvalModel, cfg: FlipConfig, out: str | Path, stride: int | None
         raise DataError(f"no filler family tokenises one token per step: {skipped}")
     rows = []
     lengths = list(range(cfg.start, cfg.start + cfg.lengths))
-    with _progress(progress, len(seqs) * len(lengths), f"flip · {em.name}") as advance:
+    with progress_bar(progress, len(seqs) * len(lengths), f"flip · {em.name}") as advance:
         for fam, ss in seqs.items():
             for L, ids in zip(lengths, ss, strict=True):
                 lps = candidate_logprobs(em.model, ids, cand_ids)
@@ -189,7 +188,7 @@ def run_flip(em: EvalModel, cfg: FlipConfig, out: str | Path, stride: int | None
     }
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_parquet(out / "results.parquet", df)
-    _atomic_text(out / "summary.json", json.dumps(summary, indent=2, default=_json_default))
-    plot_flip(df, stride, out / "flip.png", cands)
+    write_parquet(out / "results.parquet", df)
+    write_json(out / "summary.json", summary, default=json_default)
+    FLIP.plot(summary, df, out / FLIP.figure)
     return summary

@@ -8,49 +8,18 @@ residues and phases, and a figure. Exit code 0 when the gap is below --max-gap, 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from phasekv.errors import ConfigError
 from phasekv.eval.models import EvalModel
-from phasekv.eval.prompts import PromptConfig, lookup_config, needle_config
+from phasekv.eval.protocols import for_model, protocol, retrieval_protocols
+from phasekv.eval.run import json_default, run_retrieval
+from phasekv.io import write_json
 
 ALPHA = 0.01  # level of the period-S test in the verdict
 PASS, FAIL = 0, 3  # exit codes
-NEEDLE_DENSITY = 16000 / 131072  # records per context token in the study's needle test
-
-
-def auto_context(em: EvalModel) -> int:
-    """Needle context that fits: the model's position limit, capped by memory (about 1K tokens per GiB of
-    accelerator memory; 2,048 tokens on CPU)."""
-    if em.device.type == "cuda":
-        gib = torch.cuda.get_device_properties(em.device).total_memory / 2**30
-        budget = int(gib * 1024)
-    else:
-        budget = 2048
-    cfg = getattr(em.model, "config", None)
-    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "max_seq_len", None) or budget
-    ctx = min(budget, int(limit), 131072)
-    return max(256, ctx - ctx % 256 - 64)  # room for special tokens and demonstrations
-
-
-def prompt_config(em: EvalModel, task: str, per_group: int | None, modulus: int | None, context: int | None,
-                  records: int | None, demos: int | None, filler: int | None, seed: int) -> PromptConfig:
-    """The audit's prompts: lookup in the layout that fits the model's training length, or the needle test."""
-    if task == "lookup":
-        return lookup_config(em.info, seed=seed, records=records, demos=demos, filler=filler, per_group=per_group,
-                             modulus=modulus)
-    ctx = context or auto_context(em)
-    n_rec = records or max(16, round(ctx * NEEDLE_DENSITY))
-    kw = {"per_group": per_group or 64}  # 64 = 8^2: exact moment matching at M = 8
-    if modulus is not None:
-        kw["modulus"] = modulus
-    if demos is not None:
-        kw["demos"] = demos
-    return needle_config(context=ctx, records=n_rec, seed=seed, **kw)
 
 
 def verdict(summary: dict, stride: int | None, max_gap: float) -> dict:
@@ -91,31 +60,29 @@ def run_audit(em: EvalModel, out: Path, stride: int | None = None, max_gap: floa
               records: int | None = None, demos: int | None = None, filler: int | None = None, seed: int = 0,
               batch_size: int = 32, interval: str | None = None, progress: bool = True) -> dict:
     """Evaluate, test periodicity, write OUT/audit.json and OUT/audit.png; returns the verdict (with
-    `exit_code`)."""
-    from phasekv.eval.run import _atomic_text, _json_default, run_retrieval
-
+    `exit_code`). task: a retrieval protocol (`phasekv.eval.protocols`), or auto: the one for the model's kind."""
     if max_gap < 0:
         raise ConfigError(f"--max-gap {max_gap} must be >= 0 (points)")
-    if task == "auto":
-        task = "lookup" if em.kind == "phasekv" else "needle"
-    if task not in ("lookup", "needle"):
-        raise ConfigError(f"--task must be auto, lookup or needle, got {task!r}")
+    names = [p.name for p in retrieval_protocols()]
+    if task != "auto" and task not in names:
+        raise ConfigError(f"--task must be auto, {', '.join(names[:-1])} or {names[-1]}, got {task!r}")
+    proto = for_model(em) if task == "auto" else protocol(task)
     stride = stride or em.stride
-    cfg = prompt_config(em, task, per_group, modulus, context, records, demos, filler, seed)
+    cfg = proto.fit(em, per_group=per_group, modulus=modulus, context=context, records=records, demos=demos,
+                    filler=filler, seed=seed)
     if stride is not None and (stride < 1 or cfg.modulus % stride):
         raise ConfigError(f"--stride {stride} must divide the modulus {cfg.modulus} (pass --modulus)")
     out = Path(out)
-    interval = interval or ("bootstrap" if task == "lookup" else "wilson")
-    summary = run_retrieval(task, em, cfg, out / task, batch_size=batch_size, interval=interval, stride=stride,
-                            progress=progress)
+    summary = run_retrieval(proto.name, em, cfg, out / proto.name, batch_size=batch_size,
+                            interval=interval or proto.interval, stride=stride, progress=progress)
     v = verdict(summary, stride, max_gap)
     n_values = summary.get("provenance", {}).get("word_pools", {}).get("values")
     v["chance"] = 100.0 / n_values if n_values else None  # guessing among the value words
     v["near_chance"] = v["chance"] is not None and v["mean_ci"][0] <= 2 * v["chance"]
-    v.update(model=em.name, task=task, protocol=summary["protocol"], prompt_length=summary["prompt_length"],
-             n_prompts=summary["n_prompts"], exit_code=PASS if v["pass"] else FAIL, evaluation=str(out / task))
+    v.update(model=em.name, task=proto.name, protocol=summary["protocol"], prompt_length=summary["prompt_length"],
+             n_prompts=summary["n_prompts"], exit_code=PASS if v["pass"] else FAIL, evaluation=str(out / proto.name))
     plot_audit(summary, v, out / "audit.png")
-    _atomic_text(out / "audit.json", json.dumps(v, indent=2, default=_json_default))
+    write_json(out / "audit.json", v, default=json_default)
     return v
 
 

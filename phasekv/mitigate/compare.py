@@ -24,6 +24,9 @@ import torch
 
 from phasekv.config import ModelConfig
 from phasekv.errors import ConfigError, DataError
+from phasekv.eval.protocols import is_retrieval, retrieval_protocols
+from phasekv.eval.run import json_default, versions
+from phasekv.io import write_json, write_parquet
 from phasekv.model.cli import cache_bytes
 from phasekv.model.transformer import PhaseLM
 
@@ -49,13 +52,14 @@ class Bench:
 
 
 def find_summary(path: Path, protocol: str | None) -> Path:
-    """DIR/summary.json of an evaluation, or the one lookup/needle evaluation (of `protocol`) under DIR."""
+    """DIR/summary.json of a retrieval evaluation, or the one retrieval evaluation (of `protocol`) under DIR."""
     path = Path(path)
     if (path / "summary.json").is_file() and _is_eval(path / "summary.json", None):
         return path / "summary.json"
     found = sorted(p for p in path.rglob("summary.json") if _is_eval(p, protocol))
     if not found:
-        raise DataError(f"{path}: no lookup/needle evaluation (summary.json from `phasekv eval`)"
+        names = "/".join(p.name for p in retrieval_protocols())
+        raise DataError(f"{path}: no {names} evaluation (summary.json from `phasekv eval`)"
                         + (f" with {protocol} padding" if protocol else ""))
     if len(found) > 1:
         raise DataError(f"{path}: {len(found)} evaluations found ({', '.join(str(p.parent) for p in found[:4])}); "
@@ -68,8 +72,7 @@ def _is_eval(p: Path, protocol: str | None) -> bool:
         s = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return False
-    return (isinstance(s, dict) and s.get("task") in ("lookup", "needle") and "groups" in s
-            and (protocol is None or s.get("protocol") == protocol))
+    return isinstance(s, dict) and is_retrieval(s) and (protocol is None or s.get("protocol") == protocol)
 
 
 def _model_config(s: dict) -> ModelConfig | None:
@@ -327,8 +330,6 @@ def _criteria(rows: list[dict], ref: str | None, base: str | None, min_compressi
 
 
 def _versions() -> dict:
-    from phasekv.eval.run import versions
-
     return versions()
 
 
@@ -336,14 +337,12 @@ def _versions() -> dict:
 
 
 def write(summary: dict, out: Path) -> None:
-    from phasekv.eval.run import _atomic_parquet, _atomic_text, _json_default
-
     out.mkdir(parents=True, exist_ok=True)
     rows = pd.DataFrame(summary["models"], columns=ROW_FIELDS)
     for col in ("mean_ci", "worst_ci", "gap_ci"):
         rows[col] = rows[col].map(lambda v: None if v is None else [float(x) for x in v])
-    _atomic_parquet(out / "results.parquet", rows)
-    _atomic_text(out / "summary.json", json.dumps(summary, indent=2, default=_json_default))
+    write_parquet(out / "results.parquet", rows)
+    write_json(out / "summary.json", summary, default=json_default)
     plot_pareto(summary, out / "pareto.png")
 
 

@@ -59,10 +59,10 @@ def _band(x, lo, hi, alias: str, color: str, name: str) -> list[dict]:
     ]
 
 
-def residue_figure(study: Study, padding: str, colors: dict[str, str]) -> dict:
+def residue_figure(study: Study, stages: dict[str, Stage], padding: str, colors: dict[str, str]) -> dict:
     """Accuracy by residue per model with 95% bands; the selected model's period boundaries dashed."""
     data, bounds, modulus = [], {}, 24
-    for alias, stage in study.lookup[padding].items():
+    for alias, stage in stages.items():
         m, p = study.models[alias], tables.profile(stage)
         modulus = int(stage.summary.get("modulus", len(p)))
         x = p.residue.tolist()
@@ -79,10 +79,10 @@ def residue_figure(study: Study, padding: str, colors: dict[str, str]) -> dict:
     return {"data": data, "layout": layout}
 
 
-def fold_figure(study: Study, padding: str, colors: dict[str, str]) -> dict:
+def fold_figure(study: Study, stages: dict[str, Stage], padding: str, colors: dict[str, str]) -> dict:
     """Each compressed model's residue profile folded to one stride: the first period solid, later dashed."""
     data = []
-    for alias, stage in study.lookup[padding].items():
+    for alias, stage in stages.items():
         m = study.models[alias]
         if not m.compressed:
             continue

@@ -26,10 +26,9 @@ def save(fig, path: Path) -> Path:
         plt.close(fig)
 
 
-def residue_png(study: Study, padding: str, colors: dict, path: Path) -> Path:
+def residue_png(study: Study, stages: dict, padding: str, colors: dict, path: Path) -> Path:
     """One panel per model: accuracy by residue with its band, its own period boundaries dashed,
     full attention dashed grey in every panel."""
-    stages = study.lookup[padding]
     base = next((a for a in stages if not study.models[a].compressed), None)
     n = len(stages)
     cols = min(3, n)
@@ -60,8 +59,8 @@ def residue_png(study: Study, padding: str, colors: dict, path: Path) -> Path:
     return save(fig, path)
 
 
-def fold_png(study: Study, padding: str, colors: dict, path: Path) -> Path | None:
-    comp = [(a, s) for a, s in study.lookup[padding].items() if study.models[a].compressed]
+def fold_png(study: Study, stages: dict, padding: str, colors: dict, path: Path) -> Path | None:
+    comp = [(a, s) for a, s in stages.items() if study.models[a].compressed]
     if not comp:
         return None
     fig, axes = plt.subplots(1, len(comp), figsize=(3.6 * len(comp), 3.0), squeeze=False, sharey=True)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from functools import partial
 from pathlib import Path
 
 from plotly.offline import get_plotlyjs
 from rich.progress import Progress
 
 from phasekv.errors import DataError
+from phasekv.eval.protocols import retrieval_protocols
 from phasekv.io import write_text
 from phasekv.mitigate.compare import verdict_lines
 from phasekv.report import checks, html, plots, pngs, published, tables
@@ -108,10 +110,10 @@ def _p(v) -> str:
     return "–" if v is None or v != v else f"{v:.4f}"
 
 
-def _summary_rows(df, padding: str) -> tuple[list[list[str]], list[str]]:
+def _summary_rows(df, published_rows: bool) -> tuple[list[list[str]], list[str]]:
     rows = []
     for r in df.itertuples():
-        pub = published.counterpart(r.model) if padding == "prefix" else None
+        pub = published.counterpart(r.model) if published_rows else None
         p = published.LOOKUP_PREFIX.get(pub) if pub else None
         rows.append([
             esc(r.model), fmt(r.val_loss, 3), fmt(r.mean), fmt(r.worst), fmt(r.best),
@@ -122,43 +124,54 @@ def _summary_rows(df, padding: str) -> tuple[list[list[str]], list[str]]:
     return rows, list(df.alias)
 
 
-def section_lookup(b: Builder) -> None:
-    study = b.study
+def _selector(b: Builder) -> str:
     buttons = "".join(
         f'<button data-model="{esc(a)}"><span class="swatch" style="background:{b.colors[a]}"></span>'
-        f"{esc(m.name)}</button>" for a, m in study.models.items())
-    body = (f'<div id="model-selector"><button data-model="all" class="active">all models</button>{buttons}</div>'
+        f"{esc(m.name)}</button>" for a, m in b.study.models.items())
+    return (f'<div id="model-selector"><button data-model="all" class="active">all models</button>{buttons}</div>'
             "<p>Select a model (buttons or table rows) to plot it against the others in grey and to mark its "
             "stride's period boundaries (dashed).</p>")
-    any_ = False
-    for padding, stages in study.lookup.items():
-        if not stages:
-            continue
-        any_ = True
-        df = tables.summary_table(study, padding)
-        rows, models = _summary_rows(df, padding)
-        first = next(iter(stages.values())).summary
-        body += f"<h3>{esc(padding)} padding</h3>"
-        body += html.table(
-            ["model", "val. loss", "mean", "worst", "best", "gap [95% CI]", "detected period", "stride",
-             "periodicity p", f'<span class="published">{esc(published.SOURCE)}: mean / worst / gap</span>'],
-            rows, models)
-        interval = first.get("interval", "bootstrap")
-        body += (f"<p>Accuracy in percent over {fmt(int(df.n.iloc[0]))} prompts per model "
-                 f"({fmt(first['groups'][0]['n'])} per residue group, M = {first.get('modulus')}); gap = best − worst "
-                 f"group; its interval is a bootstrap over key–name mappings; group bands: {esc(interval)}. "
-                 "Published values are the paper's Qwen3-0.6B-shaped models (not run here) and only the "
-                 "pattern, not the level, is comparable with these tiny models.</p>")
-        body += b.fig(plots.residue_figure(study, padding, b.colors),
-                      f"Accuracy by target-key position mod {first.get('modulus')} ({esc(padding)} padding), 95% bands.",
-                      pngs.residue_png(study, padding, b.colors, b.png_path(f"accuracy_by_residue_{padding}")))
-        body += b.fig(plots.fold_figure(study, padding, b.colors),
-                      "Fold view: each compressed model's profile cut into stride periods and overlaid "
-                      "(first period solid, later ones dashed); periodic weak spots line up.",
-                      pngs.fold_png(study, padding, b.colors, b.png_path(f"fold_{padding}")))
-    if not any_:
-        body += missing("lookup evaluation", "phasekv eval lookup")
-    b.add("lookup", "Lookup accuracy by residue", body)
+
+
+def _padding_block(b: Builder, name: str, padding: str, stages: dict, primary: bool) -> str:
+    """One padding of a retrieval protocol: the summary table (published numbers beside ours where the paper
+    has them), the accuracy by residue and the fold view (PNGs named by the padding alone for the primary
+    protocol, else by protocol and padding)."""
+    study = b.study
+    df = tables.summary_table(study, stages)
+    rows, models = _summary_rows(df, (name, padding) == published.PROTOCOL)
+    first = next(iter(stages.values())).summary
+    body = f"<h3>{esc(padding)} padding</h3>"
+    body += html.table(
+        ["model", "val. loss", "mean", "worst", "best", "gap [95% CI]", "detected period", "stride",
+         "periodicity p", f'<span class="published">{esc(published.SOURCE)}: mean / worst / gap</span>'],
+        rows, models)
+    interval = first.get("interval", "bootstrap")
+    body += (f"<p>Accuracy in percent over {fmt(int(df.n.iloc[0]))} prompts per model "
+             f"({fmt(first['groups'][0]['n'])} per residue group, M = {first.get('modulus')}); gap = best − worst "
+             f"group; its interval is a bootstrap over key–name mappings; group bands: {esc(interval)}. "
+             "Published values are the paper's Qwen3-0.6B-shaped models (not run here) and only the "
+             "pattern, not the level, is comparable with these tiny models.</p>")
+    stem = padding if primary else f"{name}_{padding}"
+    body += b.fig(plots.residue_figure(study, stages, padding, b.colors),
+                  f"Accuracy by target-key position mod {first.get('modulus')} ({esc(padding)} padding), 95% bands.",
+                  pngs.residue_png(study, stages, padding, b.colors, b.png_path(f"accuracy_by_residue_{stem}")))
+    body += b.fig(plots.fold_figure(study, stages, padding, b.colors),
+                  "Fold view: each compressed model's profile cut into stride periods and overlaid "
+                  "(first period solid, later ones dashed); periodic weak spots line up.",
+                  pngs.fold_png(study, stages, padding, b.colors, b.png_path(f"fold_{stem}")))
+    return body
+
+
+def section_retrieval(b: Builder, name: str, primary: bool) -> None:
+    """A retrieval protocol's evaluations under each padding; the primary (first) one holds the model selector."""
+    body = _selector(b) if primary else ""
+    variants = {pad: st for pad, st in b.study.evals.get(name, {}).items() if st}
+    for padding, stages in variants.items():
+        body += _padding_block(b, name, padding, stages, primary)
+    if not variants:
+        body += missing(f"{name} evaluation", f"phasekv eval {name}")
+    b.add(name, f"{name.capitalize()} accuracy by residue", body)
 
 
 def _prompt_html(ex: dict, study: Study) -> str:
@@ -383,12 +396,16 @@ def render_report(root: str | os.PathLike, progress: bool = True) -> Path:
     fig_dir.mkdir(parents=True, exist_ok=True)
     b = Builder(study, fig_dir)
     t0 = time.time()
-    steps = [section_verdicts, section_runs, section_lookup, section_examples, section_flip, section_knockout,
-             section_gates, section_alignment, section_cycle, section_compare, section_theory, section_published]
+    retrieval = [p.name for p in retrieval_protocols() if p.study]
+    steps = [("verdicts", section_verdicts), ("runs", section_runs),
+             *((n, partial(section_retrieval, name=n, primary=i == 0)) for i, n in enumerate(retrieval)),
+             *((f.__name__.removeprefix("section_"), f) for f in (
+                 section_examples, section_flip, section_knockout, section_gates, section_alignment, section_cycle,
+                 section_compare, section_theory, section_published))]
     with Progress(disable=not progress, transient=True) as prog:
         task = prog.add_task("report", total=len(steps))
-        for step in steps:
-            prog.update(task, description=f"report: {step.__name__.removeprefix('section_')}")
+        for label, step in steps:
+            prog.update(task, description=f"report: {label}")
             step(b)
             prog.advance(task)
     toc = '<nav class="toc">' + "".join(f'<a href="#{a}">{esc(t)}</a>' for a, t, _ in b.sections) + "</nav>"

@@ -19,10 +19,11 @@ def val_loss(model: Model) -> float | None:
     return None
 
 
-def summary_table(study: Study, padding: str) -> pd.DataFrame:
-    """One row per evaluated model: validation loss, mean, worst, best, gap with interval, detected period."""
+def summary_table(study: Study, stages: dict[str, Stage]) -> pd.DataFrame:
+    """One row per evaluated model (stages: alias -> retrieval evaluation): validation loss, mean, worst, best,
+    gap with interval, detected period."""
     rows = []
-    for alias, stage in study.lookup.get(padding, {}).items():
+    for alias, stage in stages.items():
         m, s = study.models[alias], stage.summary
         lo, hi = s.get("gap_ci") or (np.nan, np.nan)
         rows.append({
