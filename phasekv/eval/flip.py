@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 
 from phasekv.errors import ConfigError, DataError
+from phasekv.eval.figure import to_png
 from phasekv.eval.models import EvalModel, last_logits
 from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
 from phasekv.eval.protocols import FLIP
@@ -190,5 +191,5 @@ def run_flip(em: EvalModel, cfg: FlipConfig, out: str | Path, stride: int | None
     out.mkdir(parents=True, exist_ok=True)
     write_parquet(out / "results.parquet", df)
     write_json(out / "summary.json", summary, default=json_default)
-    FLIP.plot(summary, df, out / FLIP.figure)
+    to_png(FLIP.build_figure(summary, df), out / FLIP.figure)
     return summary

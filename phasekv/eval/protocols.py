@@ -19,8 +19,9 @@ import pandas as pd
 import torch
 
 from phasekv.errors import ConfigError
+from phasekv.eval.figure import Figure
 from phasekv.eval.prompts import PADDINGS, PromptConfig, lookup_config, needle_config
-from phasekv.eval.report import plot_flip, plot_profile
+from phasekv.eval.report import flip_figure, flip_rows, profile_rows, residue_figure
 
 if TYPE_CHECKING:  # the registry is read by the report and the demo, which load no model
     from phasekv.eval.models import EvalModel
@@ -36,7 +37,7 @@ class Protocol:
     name: str
     retrieval: bool  # accuracy by residue group (summary: groups, gap, detected period): compare and audit take it
     figure: str  # the figure file of an evaluation directory
-    plot: Callable[[dict, pd.DataFrame, str], None]  # (summary, results, path): draws that figure
+    build_figure: Callable[[dict, pd.DataFrame], Figure]  # (summary, results) -> that figure
     fit: Callable[..., PromptConfig] | None = None  # (EvalModel, **options) -> prompts sized to fit the model
     interval: str | None = None  # per-group interval a retrieval summary uses unless told
     audit_kind: str | None = None  # EvalModel.kind `phasekv audit --task auto` runs this protocol on
@@ -81,19 +82,22 @@ def _fit_needle(em: EvalModel, context: int | None = None, records: int | None =
                          per_group=per_group or 64, **given)
 
 
-def _plot_retrieval(summary: dict, results: pd.DataFrame, path) -> None:
-    plot_profile(summary, path)
+def _retrieval_figure(summary: dict, results: pd.DataFrame) -> Figure:
+    """One evaluation's accuracy by residue (`residue_figure` of one model)."""
+    rows = profile_rows(summary["model"], summary["model"], summary, summary.get("stride"))
+    return residue_figure(rows, summary["protocol"], {})
 
 
-def _plot_flip(summary: dict, results: pd.DataFrame, path) -> None:
-    plot_flip(results, summary["stride"], path, summary["candidates"])
+def _flip_figure(summary: dict, results: pd.DataFrame) -> Figure:
+    """One model's filler sweep (`flip_figure` of one model)."""
+    return flip_figure(flip_rows(summary["model"], summary["model"], summary, results, summary.get("stride")), {})
 
 
-LOOKUP = Protocol("lookup", retrieval=True, figure="accuracy.png", plot=_plot_retrieval, fit=_fit_lookup,
+LOOKUP = Protocol("lookup", retrieval=True, figure="accuracy.png", build_figure=_retrieval_figure, fit=_fit_lookup,
                   interval="bootstrap", audit_kind="phasekv", study=PADDINGS)
-NEEDLE = Protocol("needle", retrieval=True, figure="accuracy.png", plot=_plot_retrieval, fit=_fit_needle,
+NEEDLE = Protocol("needle", retrieval=True, figure="accuracy.png", build_figure=_retrieval_figure, fit=_fit_needle,
                   interval="wilson", audit_kind="hf")
-FLIP = Protocol("flip", retrieval=False, figure="flip.png", plot=_plot_flip, study=(None,))
+FLIP = Protocol("flip", retrieval=False, figure="flip.png", build_figure=_flip_figure, study=(None,))
 PROTOCOLS = {p.name: p for p in (LOOKUP, NEEDLE, FLIP)}
 
 

@@ -28,6 +28,7 @@ import torch
 
 from phasekv.errors import ConfigError
 from phasekv.eval.design import group_moments
+from phasekv.eval.figure import to_png
 from phasekv.eval.models import EvalModel, last_logits
 from phasekv.eval.prompts import Prompt, PromptConfig, RetrievalPrompts
 from phasekv.eval.protocols import protocol
@@ -193,7 +194,7 @@ def write_run(out: Path, rows: pd.DataFrame, task: str, em: EvalModel, cfg: Prom
     write_parquet(out / "results.parquet", rows)
     write_json(out / "summary.json", summary, default=json_default)
     proto = protocol(task)
-    proto.plot(summary, rows, out / proto.figure)
+    to_png(proto.build_figure(summary, rows), out / proto.figure)
     return summary
 
 

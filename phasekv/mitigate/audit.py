@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from phasekv.errors import ConfigError
+from phasekv.eval.figure import GREY, Figure, Guide, Panel, Trace, to_png
 from phasekv.eval.models import EvalModel
 from phasekv.eval.protocols import for_model, protocol, retrieval_protocols
 from phasekv.eval.run import json_default, run_retrieval
@@ -81,50 +82,34 @@ def run_audit(em: EvalModel, out: Path, stride: int | None = None, max_gap: floa
     v["near_chance"] = v["chance"] is not None and v["mean_ci"][0] <= 2 * v["chance"]
     v.update(model=em.name, task=proto.name, protocol=summary["protocol"], prompt_length=summary["prompt_length"],
              n_prompts=summary["n_prompts"], exit_code=PASS if v["pass"] else FAIL, evaluation=str(out / proto.name))
-    plot_audit(summary, v, out / "audit.png")
+    to_png(audit_figure(summary, v), out / "audit.png")
     write_json(out / "audit.json", v, default=json_default)
     return v
 
 
-def plot_audit(summary: dict, v: dict, path: Path) -> None:
-    """Left: accuracy by residue with its band, weakest residues marked. Right: the profile folded mod S."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from phasekv.eval.report import _save
-
+def audit_figure(summary: dict, v: dict) -> Figure:
+    """Left: accuracy by residue with its band, the weakest residues circled. Right: the profile folded mod S."""
     g = summary["groups"]
-    r = np.array([x["residue"] for x in g])
-    acc = np.array([x["acc"] for x in g])
+    r, acc = [x["residue"] for x in g], [x["acc"] for x in g]
     S, M = v["stride"], len(g)
-    fig, axes = plt.subplots(1, 2 if S and M % S == 0 and S < M else 1, figsize=(10, 3.2), squeeze=False)
-    ax = axes[0, 0]
-    ax.fill_between(r, [x["lo"] for x in g], [x["hi"] for x in g], alpha=0.25, lw=0)
-    ax.plot(r, acc, "o-", ms=3)
-    for w in v["weakest_residues"]:
-        ax.plot(w["residue"], w["acc"], "o", color="C3", ms=7, mfc="none")
-    if S and S < M:
-        for b in range(S, M, S):
-            ax.axvline(b - 0.5, ls="--", color="gray", lw=0.8)
-    ax.set_xlabel(f"target position mod {M}")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_ylim(-3, 103)
-    verdict_word = "PASS" if v["pass"] else "FAIL"
-    ax.set_title(f"{v['model']} · {v['task']} · gap {v['gap']:.1f} [{v['gap_ci'][0]:.1f}, {v['gap_ci'][1]:.1f}] "
-                 f"vs max {v['max_gap']:g}: {verdict_word}", fontsize=8)
-    if axes.shape[1] == 2:
-        ax = axes[0, 1]
-        for k in range(M // S):
-            ax.plot(range(S), acc[k * S : (k + 1) * S], "-", color="gray", lw=0.7, alpha=0.7)
-        ax.plot(range(S), v["phase_profile"], "o-", color="C0", lw=2, label="mean over periods")
-        ax.set_xlabel(f"phase (position mod S={S})")
-        ax.set_ylim(-3, 103)
-        ax.set_title(f"folded mod {S}: detected period {v['detected_period']}", fontsize=8)
-        ax.legend(fontsize=7)
-    _save(fig, path)
-    plt.close(fig)
+    word = "PASS" if v["pass"] else "FAIL"
+    weak = v["weakest_residues"]
+    left = Panel([Trace("band", r, [x["lo"] for x in g], [x["hi"] for x in g], alpha=0.25),
+                  Trace("line", r, acc, marker="circle", size=3),
+                  Trace("points", [w["residue"] for w in weak], [w["acc"] for w in weak], color="#d62728",
+                        marker="circle-open", size=7)],
+                 title=f"{v['model']} · {v['task']} · gap {v['gap']:.1f} [{v['gap_ci'][0]:.1f}, {v['gap_ci'][1]:.1f}] "
+                       f"vs max {v['max_gap']:g}: {word}",
+                 xlabel=f"target position mod {M}", ylabel="accuracy (%)", ylim=(-3, 103), width=1.6,
+                 guides=[Guide(x=b - 0.5) for b in range(S, M, S)] if S and S < M else [])
+    panels = [left]
+    if S and M % S == 0 and S < M:
+        folds = [Trace("line", list(range(S)), acc[k * S: (k + 1) * S], color=GREY, width=0.7, alpha=0.7)
+                 for k in range(M // S)]
+        mean = Trace("line", list(range(S)), v["phase_profile"], name="mean over periods", width=2, marker="circle")
+        panels.append(Panel([*folds, mean], title=f"folded mod {S}: detected period {v['detected_period']}",
+                            xlabel=f"phase (position mod S={S})", ylim=(-3, 103), legend=True))
+    return Figure(panels, size=(10, 3.2))
 
 
 def print_verdict(v: dict, console) -> None:

@@ -24,9 +24,10 @@ import torch
 
 from phasekv.config import ModelConfig
 from phasekv.errors import ConfigError, DataError
+from phasekv.eval.figure import DPI
 from phasekv.eval.protocols import is_retrieval, retrieval_protocols
 from phasekv.eval.run import json_default, versions
-from phasekv.io import write_json, write_parquet
+from phasekv.io import write_figure, write_json, write_parquet
 from phasekv.model.cli import cache_bytes
 from phasekv.model.transformer import PhaseLM
 
@@ -353,8 +354,6 @@ def plot_pareto(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from phasekv.eval.report import _save
-
     rows = [r for r in summary["models"] if r.get("cache_rel") is not None]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     if rows:
@@ -389,7 +388,7 @@ def plot_pareto(summary: dict, path: Path) -> None:
     ax.set_xlabel(f"cache bytes per token relative to full attention (context {summary['context']:,})")
     ax.set_ylabel("gap, best - worst residue (points)")
     ax.set_title(f"{summary['task']} · {summary['protocol']} padding · gap against cache size", fontsize=9)
-    _save(fig, path)
+    write_figure(path, fig, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
 
 
