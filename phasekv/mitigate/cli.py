@@ -31,7 +31,8 @@ def compare_command(
     attention; a phase ensemble of k shifts costs k decode passes. Example:
     phasekv compare runs/eval/full runs/eval/w8s8 runs/eval/w8s8-ens8 runs/eval/stagger --out runs/compare
     """
-    from phasekv.mitigate.compare import Bench, compare, table, verdict_lines
+    from phasekv.mitigate.compare import Bench, compare, table
+    from phasekv.mitigate.criteria import verdict_lines
 
     bench = Bench(reps=bench_reps, decode_context=decode_context)
     s = compare(runs, out, reference=reference, baseline=baseline, protocol=padding, context=context,
