@@ -19,6 +19,7 @@ demo: setup
 	$(BIN)/phasekv demo --out demo_out $(DEMO_ARGS)
 
 test: setup
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 test-slow: setup
@@ -29,6 +30,7 @@ bench: setup
 
 lint: setup
 	$(BIN)/ruff check phasekv tests benchmarks
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -30,14 +30,16 @@ def versions(*packages: str) -> dict:
     import numpy
     import torch
 
-    import phasekv
-
-    out = {"phasekv": phasekv.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
+    out = {"phasekv": _installed("phasekv"), "torch": torch.__version__, "numpy": numpy.__version__,
            "python": platform.python_version()}
-    for p in packages:
-        try:
-            out[p] = metadata.version(p)
-        except metadata.PackageNotFoundError:
-            out[p] = None
+    out.update({p: _installed(p) for p in packages})
     out["git"] = git_revision()
     return out
+
+
+def _installed(package: str) -> str | None:
+    """The installed version of `package` (from its metadata: phasekv's own without importing the package root)."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None

@@ -4,7 +4,7 @@
   (`analyze_knockout`, `run_knockouts`, `effect_table`); hooks in `phasekv.analysis.hooks`.
 - `phasekv.analysis.gates`: static / per-window gate concentration, gate scores by phase, training paths
   (`analyze_gates`, `collect_alpha`, `gate_stats`, `read_gate_paths`); the concentration math itself lives
-  in `phasekv.analysis.concentration`.
+  in `phasekv.model.concentration`.
 - `phasekv.analysis.cycling`: gate cycling by delta with R^2 excluding the boundary phase (`analyze_cycle`,
   `cycled`, `run_cycling`).
 - `phasekv.analysis.figures`: the knockout map, the concentration plane, the per-head panel, cycling figures.

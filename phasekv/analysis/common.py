@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
+from phasekv.eval.models import EvalModel, load
+from phasekv.eval.prompts import PromptConfig, RetrievalPrompts, lookup_config
 from phasekv.eval.run import versions
 from phasekv.io import write_parquet, write_text
 
@@ -39,8 +40,6 @@ def _clean(o):
 
 def as_eval_model(model, device: str | None = None):
     """An EvalModel from an EvalModel or a model directory (`phasekv.eval.models.load`)."""
-    from phasekv.eval.models import EvalModel, load
-
     if isinstance(model, EvalModel):
         return model
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -49,8 +48,6 @@ def as_eval_model(model, device: str | None = None):
 
 def prompt_config(cfg: PromptConfig | None) -> PromptConfig:
     """The study's lookup test unless a prompt config is given."""
-    from phasekv.eval.prompts import lookup_config
-
     return lookup_config() if cfg is None else cfg
 
 
@@ -76,7 +73,7 @@ def progress_bar(enabled: bool, total: int, label: str) -> Iterator:
     if not enabled:
         yield lambda n=1: None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # on use
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
         task = bar.add_task(label, total=total)

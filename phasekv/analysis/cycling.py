@@ -2,6 +2,8 @@
 
 For W = S, cycling by delta sets Z~_i = Z_{(i - delta) mod W} and b~_i = b_{(i - delta) mod W} in every
 compressed layer, key and value branch alike (`torch.roll` along the offset dim 0); payloads C_i stay.
+The compressor variant says which parameters are offset-specific (`Compressor.cycled_params`): the paper's
+Z_i and b_i; for DeepSeek-V4's compressor only the slot bias (`position_bias`), its projections are shared.
 If static gate preferences decide which phases are retrieved well, A_delta(r) ~ A_0((r - delta) mod S).
 The test: R^2 (squared correlation) of predicted change A_0((r - delta) mod S) - A_0(r) against observed
 change A_delta(r) - A_0(r) over the phases r other than the boundary phase, with a bootstrap 95% interval
@@ -12,12 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
+from phasekv.analysis.common import as_eval_model, progress_bar, prompt_config, provenance, write_outputs
 from phasekv.errors import ConfigError
+from phasekv.eval.run import evaluate
 from phasekv.eval.stats import bootstrap_profiles, group_table
 
 
@@ -26,20 +31,15 @@ def check_cyclable(model) -> None:
     if not cfg.compressed or cfg.window != cfg.stride:
         raise ConfigError(f"{cfg.name}: gate cycling needs a compressed model with W = S (window {cfg.window}, "
                           f"stride {cfg.stride})")
-    if cfg.gate == "uniform":
-        raise ConfigError(f"{cfg.name}: uniform averaging has no gate parameters to cycle")
+    if not gate_params(model):
+        raise ConfigError(f"{cfg.name}: no offset-specific gate parameters to cycle (uniform averaging, or a "
+                          f"V4 compressor without its slot bias)")
 
 
 def gate_params(model) -> list[torch.nn.Parameter]:
-    """Offset-specific gate parameters (Z_i, b_i) of every compressed layer and branch; offsets are dim 0."""
-    params = []
-    for block in model.layers:
-        comp = block.attn.compressor
-        if comp is None:
-            continue
-        for branch in comp.branches():
-            params += [p for p in (branch.gate_weight, branch.gate_bias) if p is not None]
-    return params
+    """Offset-specific gate parameters of every compressed layer and branch (the variant's); offsets are dim 0."""
+    return [p for block in model.layers if block.attn.compressor is not None
+            for p in block.attn.compressor.cycled_params()]
 
 
 @torch.no_grad()
@@ -66,9 +66,8 @@ def cycled(model, delta: int) -> Iterator[None]:
 
 
 def boundary_phase(model) -> int:
-    """Phase of the last token of a window: (o + W - 1) mod S (S - 1 unless the grid is staggered)."""
-    cfg = model.config
-    return (cfg.grid_offset(0) + cfg.window - 1) % cfg.stride
+    """Phase of the last token of a window (S - 1 unless the grid is staggered), on layer 0's grid."""
+    return model.layers[0].attn.grid.boundary_phase()
 
 
 def predicted(acc0: np.ndarray, delta: int) -> np.ndarray:
@@ -114,8 +113,6 @@ def run_cycling(model, tok, cfg, deltas, pids=None, batch_size: int = 32, n_boot
 
     Returns (profiles, rows): one row per (delta, phase) with acc0, acc, pred, lo, hi, r2, r2_lo, r2_hi;
     and the per-prompt rows (column delta)."""
-    from phasekv.eval.run import evaluate
-
     check_cyclable(model)
     S, boundary = model.config.stride, boundary_phase(model)
     frames = []
@@ -144,10 +141,7 @@ def analyze_cycle(ems, cfg, out, deltas=(-3, -2, -1, 1, 2, 3), batch_size: int =
     (default: the study's lookup test): writes OUT/results.parquet (model, delta, phase),
     OUT/prompts.parquet, OUT/summary.json (R^2 grid with 95% bootstrap intervals), OUT/r2_grid.png and
     OUT/cycling_<i>.png per model; returns the summary."""
-    from pathlib import Path
-
-    from phasekv.analysis.common import as_eval_model, progress_bar, prompt_config, provenance, write_outputs
-    from phasekv.analysis.figures import cycling_figure, r2_grid
+    from phasekv.analysis.figures import cycling_figure, r2_grid  # matplotlib on use, not at start-up
 
     ems = [as_eval_model(m) for m in (ems if isinstance(ems, (list, tuple)) else [ems])]
     cfg = prompt_config(cfg)

@@ -5,7 +5,7 @@ For every compressed layer, KV head and branch (key, value), over the complete w
     static      exp(H(E[alpha]))    effective offsets of the window-averaged gate (1..W)
     per_window  E[exp(H(alpha))]    average effective offsets of single windows (1..W)
 
-(one implementation: `phasekv.analysis.concentration`). Vector gates are measured per channel, then
+(one implementation: `phasekv.model.concentration`). Vector gates are measured per channel, then
 averaged over channels. Offset i of a window whose grid starts at phase o sits at phase (o + i) mod S; with
 overlapping windows (W > S) several offsets share a phase, and the same measures on alpha pooled by phase
 are effective phases (1..S). The gate score by phase relative to uniform is E[sum of alpha over the phase's
@@ -22,15 +22,29 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phasekv.analysis.concentration import concentration
-from phasekv.errors import DataError
+from phasekv.analysis.common import (
+    as_eval_model,
+    progress_bar,
+    prompt_batches,
+    prompt_config,
+    provenance,
+    write_outputs,
+)
+from phasekv.analysis.knockout import spread_pids
+from phasekv.attention.positions import Grid
+from phasekv.errors import ConfigError, DataError
+from phasekv.eval.prompts import RetrievalPrompts
+from phasekv.model.concentration import concentration
+from phasekv.model.gates import GateRead, gate_scores
+from phasekv.model.transformer import PhaseLM
 
 BRANCHES = ("key", "value")
 
 
 def offset_phases(window: int, stride: int, grid_offset: int = 0, shift: int = 0) -> np.ndarray:
-    """Phase (W,) of each window offset: (o + i - shift) mod S (shift = 1 for the value gate)."""
-    return (grid_offset + np.arange(window) - shift) % stride
+    """Phase (W,) of each window offset on a grid starting at `grid_offset` (`Grid.offset_phase`), counted
+    `shift` offsets back (shift = 1 for the value gate)."""
+    return Grid(window, stride, grid_offset - shift).offset_phase(torch.arange(window)).numpy()
 
 
 def pool_phases(alpha: torch.Tensor, phases: np.ndarray, stride: int) -> torch.Tensor:
@@ -48,33 +62,18 @@ def compressed_layers(model) -> list[int]:
 def collect_alpha(model, batches, progress=None) -> dict[tuple[int, str], torch.Tensor]:
     """Gate scores of every complete window of every prompt: {(layer, branch): alpha (N, W, n_kv, G)}.
 
-    batches: iterable of input ids (B, T); scores are read inside the forward (pre-hook on the attention).
+    batches: iterable of input ids (B, T); scores are read inside the forward (`phasekv.model.gates`).
     """
     out: dict[tuple[int, str], list[torch.Tensor]] = {}
-    handles = []
 
-    def hook(layer: int, attn):
-        def pre(_module, args):
-            windows = attn.compressor.windows(args[0], attn.grid.offset)  # (B, n, W, d)
-            if windows.shape[1] == 0:
-                return
-            for name, branch in zip(BRANCHES, (attn.compressor.key, attn.compressor.value), strict=True):
-                if branch is not None:
-                    alpha = branch.gate_scores(windows).flatten(0, 1).double()  # (B*n, W, n_kv, G)
-                    out.setdefault((layer, name), []).append(alpha.cpu())
-        return pre
+    def read(r: GateRead) -> None:
+        out.setdefault((r.layer, r.branch), []).append(r.alpha.flatten(0, 1).double().cpu())  # (B*n, W, n_kv, G)
 
-    for i in compressed_layers(model):
-        attn = model.layers[i].attn
-        handles.append(attn.register_forward_pre_hook(hook(i, attn)))
-    try:
+    with gate_scores(model, read):
         for ids in batches:
             model(ids)
             if progress is not None:
                 progress(ids.shape[0])
-    finally:
-        for h in handles:
-            h.remove()
     return {k: torch.cat(v) for k, v in out.items()}
 
 
@@ -165,19 +164,7 @@ def analyze_gates(em, cfg, out, n_prompts: int = 256, batch_size: int = 32, knoc
     OUT/summary.json, OUT/concentration_plane.png (with the training paths of every key gate, or of the `trace` most
     statically concentrated ones, when the model dir is a run with gates.jsonl) and OUT/gate_panel.png (with the
     knockout column when `knockout` names a knockout analysis dir); returns the summary."""
-    from phasekv.analysis.common import (
-        as_eval_model,
-        progress_bar,
-        prompt_batches,
-        prompt_config,
-        provenance,
-        write_outputs,
-    )
-    from phasekv.analysis.figures import concentration_plane, head_panel
-    from phasekv.analysis.knockout import spread_pids
-    from phasekv.errors import ConfigError
-    from phasekv.eval.prompts import RetrievalPrompts
-    from phasekv.model.transformer import PhaseLM
+    from phasekv.analysis.figures import concentration_plane, head_panel  # matplotlib on use, not at start-up
 
     em, cfg = as_eval_model(em), prompt_config(cfg)
     model = em.model

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from phasekv.attention.attention import Attention
 from phasekv.errors import ConfigError
+from phasekv.model.transformer import PhaseLM
 
 
 def is_phaselm(model: nn.Module) -> bool:
-    from phasekv.model.transformer import PhaseLM
 
     return isinstance(model, PhaseLM)
 
@@ -73,7 +74,6 @@ def _positions(module: nn.Module, args: tuple, kwargs: dict, T: int, device) -> 
 
 
 def is_phaselm_attention(module: nn.Module) -> bool:
-    from phasekv.attention.attention import Attention
 
     return isinstance(module, Attention)
 

@@ -12,15 +12,26 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from phasekv.analysis.hooks import FinalMeans, capture_final, head_knockout, is_phaselm, layer_knockout, means
+from phasekv.analysis.common import as_eval_model, progress_bar, prompt_config, provenance, write_outputs
+from phasekv.analysis.hooks import (
+    FinalMeans,
+    attention_modules,
+    capture_final,
+    head_knockout,
+    is_phaselm,
+    layer_knockout,
+    means,
+)
 from phasekv.errors import ConfigError
 from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
 from phasekv.eval.run import evaluate
+from phasekv.eval.stats import profile_summary
 from phasekv.eval.tokens import WordTokenizer
 
 CAL_SEED = 1_000_003  # calibration prompts use prompt seed + CAL_SEED: other mappings, same layout
@@ -54,8 +65,6 @@ def calibrate(model, tok, cfg: PromptConfig, n_cal: int = 256, n_final: int = 1,
 
 def units(model, variant: str) -> list[tuple[int, int]]:
     """(layer, kv_head) of every knockout; kv_head = -1 for the whole-layer variant."""
-    from phasekv.analysis.hooks import attention_modules
-
     if variant not in VARIANTS:
         raise ConfigError(f"knockout variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
     if variant == "head":
@@ -146,11 +155,7 @@ def analyze_knockout(em, cfg: PromptConfig | None, out, variant: str | None = No
     `cfg` (default: the study's lookup test): writes
     OUT/results.parquet (tidy effect table), OUT/prompts.parquet (per-prompt rows), OUT/summary.json and
     OUT/knockout_map.png; returns the summary. `layers` restricts the knockouts to those layers."""
-    from pathlib import Path
-
-    from phasekv.analysis.common import as_eval_model, progress_bar, prompt_config, provenance, write_outputs
-    from phasekv.analysis.figures import knockout_map
-    from phasekv.eval.stats import profile_summary
+    from phasekv.analysis.figures import knockout_map  # matplotlib on use, not at start-up
 
     em, cfg = as_eval_model(em), prompt_config(cfg)
     variant = variant or ("head" if is_phaselm(em.model) else "layer")

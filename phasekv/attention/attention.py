@@ -1,7 +1,8 @@
 """Attention of one layer: Qwen3 projections, QK-norm, RoPE, GQA; optionally over compressed entries.
 
 A compressed layer runs ONE softmax over the union of its visible compressed entries and its exact
-tokens (local window or uncompressed tail); `positions.Grid` decides visibility.
+tokens (local window or uncompressed tail), plus an optional learned per-head attention sink;
+`positions.Grid` decides visibility, the layer's `compressor.Compressor` variant makes the entries.
 """
 
 from __future__ import annotations
@@ -12,27 +13,35 @@ from torch import nn
 
 from phasekv.attention import blockwise
 from phasekv.attention.cache import CompressedLayerCache, FullLayerCache
-from phasekv.attention.compressor import Compressor, Partial
+from phasekv.attention.compressor import layer_grid, layer_rope, make_compressor
 from phasekv.attention.norm import RMSNorm
-from phasekv.attention.positions import Grid
-from phasekv.attention.rope import apply_rope
 from phasekv.config import ModelConfig
 
 DECODE_CHUNK = 64  # cached chunks up to this many tokens attend in place (decode); longer ones blockwise
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Reference masked attention. q (B, H, Tq, D); k, v (B, n_kv, N, D); mask (Tq, N) bool -> (B, H, Tq, D)."""
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+           sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference masked attention. q (B, H, Tq, D); k, v (B, n_kv, N, D); mask (Tq, N) bool; sinks (H,) logits
+    of an attention sink (a key every query sees, value 0) or None -> (B, H, Tq, D)."""
     B, H, Tq, D = q.shape
     n_kv = k.shape[1]
     q = q.view(B, n_kv, H // n_kv, Tq, D)  # query heads grouped by the KV head they read
     scores = q @ k[:, :, None].transpose(-1, -2) * D**-0.5  # (B, n_kv, g, Tq, N)
     scores = scores.masked_fill(~mask, float("-inf"))
-    out = scores.softmax(dim=-1) @ v[:, :, None]  # (B, n_kv, g, Tq, D)
+    if sinks is not None:
+        sink = sinks.to(q.dtype).view(1, n_kv, H // n_kv, 1, 1).expand(B, -1, -1, Tq, 1)  # (B, n_kv, g, Tq, 1)
+        scores = torch.cat([scores, sink], -1)
+    probs = scores.softmax(dim=-1)[..., : k.shape[2]]  # the sink's share is dropped: it adds no value
+    out = probs @ v[:, :, None]  # (B, n_kv, g, Tq, D)
     return out.view(B, H, Tq, D)
 
 
 class Attention(nn.Module):
+    """One layer's attention: Qwen3 projections, QK-norm, RoPE and GQA over exact keys, and, in a compressed
+    layer, over the visible entries its compressor writes on the layer's window grid (one joint softmax).
+    The per-head outputs z pass `z_hook` (the knockout site) before the output projection."""
+
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.cfg = cfg
@@ -44,14 +53,10 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(D, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(D, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.z_hook = nn.Identity()  # per-head outputs z (B, T, H, D) before o_proj: the knockout site
-        self.compressor = Compressor(cfg) if cfg.compressed else None
-        self.grid = (
-            Grid(cfg.window, cfg.stride, cfg.grid_offset(layer), cfg.local_window) if cfg.compressed else None
-        )
-
-    # ---- projections ----
-    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        return apply_rope(x, pos, self.cfg.rope_rotary_dims, self.cfg.rope_theta)
+        self._rope = layer_rope(cfg)  # (x (B, n, T, D), pos (T,)) -> x rotated
+        self.grid = layer_grid(cfg, layer) if cfg.compressed else None
+        self.compressor = make_compressor(cfg, self.grid, self._rope) if cfg.compressed else None
+        self.sinks = nn.Parameter(torch.zeros(H)) if cfg.attention_sink else None  # per query head
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         B, T, _ = x.shape
@@ -64,9 +69,8 @@ class Attention(nn.Module):
         return k, v
 
     def _entry_kv(self, raw: list[torch.Tensor], j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Compressed keys/values (B, n_kv, n, D) from raw entries: QK-norm, then RoPE at the entry's start."""
-        k = self._rope(self.k_norm(raw[0]), self.grid.entry_start(j))
-        return k, (k if len(raw) == 1 else raw[1])
+        """Compressed keys/values (B, n_kv, n, D) of entries j from their pooled branches (the variant's rule)."""
+        return self.compressor.entry_kv(raw, j, self.k_norm)
 
     # ---- forward ----
     def forward(self, h: torch.Tensor, pos: torch.Tensor, cache=None) -> torch.Tensor:
@@ -95,16 +99,14 @@ class Attention(nn.Module):
         return blockwise.attend_parts(q, [(cache.k.view(k), cache.v.view(v), mask)])
 
     def _compressed(self, q, k, v, h, pos) -> torch.Tensor:
-        windows = self.compressor.windows(h, self.grid.offset)  # (B, n, W, d)
-        raw = [b.finalize(b.partial(windows)) for b in self.compressor.branches()]  # (B, n_kv, n, D) each
-        j = torch.arange(windows.shape[1], device=pos.device)
-        ek, ev = self._entry_kv(raw, j)
+        ek, ev = self.compressor.entries(h, self.k_norm)  # (B, n_kv, n, D) each
+        j = torch.arange(ek.shape[2], device=pos.device)
         if blockwise.backend() == "blockwise":
-            return blockwise.blockwise_attention(q, pos, ek, ev, k, v, self.grid)
+            return blockwise.blockwise_attention(q, pos, ek, ev, k, v, self.grid, sinks=self.sinks)
         if blockwise.backend() == "flex":
-            return blockwise.flex_attention(q, pos, ek, ev, k, v, self.grid)
+            return blockwise.flex_attention(q, pos, ek, ev, k, v, self.grid, sinks=self.sinks)
         mask = self.grid.mask(pos, j, pos)  # the reference: dense (T, n + T) mask
-        return attend(q, torch.cat([ek, k], 2), torch.cat([ev, v], 2), mask)
+        return attend(q, torch.cat([ek, k], 2), torch.cat([ev, v], 2), mask, self.sinks)
 
     def _compressed_cached(self, q, k, v, h, pos, cache: CompressedLayerCache) -> torch.Tensor:
         self._extend_entries(h, pos, cache)
@@ -112,9 +114,9 @@ class Attention(nn.Module):
         ev = ek if cache.entries_v is None else cache.entries_v.view(v)
         ring = cache.ring(k)
         if q.shape[2] > DECODE_CHUNK:  # a prompt: blockwise, O(T (T/S + n_local))
-            z = blockwise.blockwise_attention(q, pos, ek, ev, k, v, self.grid, ring=ring)
+            z = blockwise.blockwise_attention(q, pos, ek, ev, k, v, self.grid, ring=ring, sinks=self.sinks)
         else:  # decode: the cache read in place
-            z = blockwise.decode_attention(q, pos, ek, ev, k, v, self.grid, ring)
+            z = blockwise.decode_attention(q, pos, ek, ev, k, v, self.grid, ring, sinks=self.sinks)
         cache.write_exact(k, v, pos)
         return z
 
@@ -123,14 +125,14 @@ class Attention(nn.Module):
         g, W, S = self.grid, self.grid.window, self.grid.stride
         t0, t1 = int(pos[0]), int(pos[-1]) + 1
         j_lo = cache.n_entries  # oldest window not yet complete
-        j_hi = (t1 - 1 - g.offset) // S  # newest window that has started
-        if t1 - 1 < g.offset or j_hi < j_lo:
+        j_hi = g.n_started(t1) - 1  # newest window that has started
+        if j_hi < j_lo:
             return
         if h.shape[1] == 1:  # one decode token: only the offsets it fills in the windows it belongs to
             offsets = t0 - g.entry_start(torch.arange(j_lo, j_hi + 1, device=h.device))  # (n_w,)
             fresh = [branch.token_partial(h[:, 0], offsets) for branch in self.compressor.branches()]
         else:
-            p0 = j_lo * S + g.offset  # first position covered by the touched windows
+            p0 = g.entry_start(j_lo)  # first position covered by the touched windows (may be < 0: absent)
             span = (j_hi - j_lo) * S + W
             ext = h.new_zeros(h.shape[0], span, h.shape[2])  # (B, span, d)
             a, b = max(t0, p0), min(t1, p0 + span)
@@ -147,7 +149,7 @@ class Attention(nn.Module):
             if n_old == p.m.shape[1]:  # every touched window was in flight already
                 p = cache.partials[i].merge(p)
             elif n_old:
-                p = _cat_partials(cache.partials[i].merge(p.slice(0, n_old)), p.slice(n_old))
+                p = cache.partials[i].merge(p.slice(0, n_old)).cat(p.slice(n_old))
             partials.append(p)
         if n_done > 0:
             raw = [b.finalize(p.slice(0, n_done)) for b, p in zip(self.compressor.branches(), partials, strict=True)]
@@ -162,6 +164,3 @@ class Attention(nn.Module):
             return FullLayerCache()
         return CompressedLayerCache(self.grid, tied=self.v_proj is None)
 
-
-def _cat_partials(a: Partial, b: Partial) -> Partial:
-    return Partial(torch.cat([a.m, b.m], 1), torch.cat([a.z, b.z], 1), torch.cat([a.acc, b.acc], 1))

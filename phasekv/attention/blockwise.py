@@ -49,20 +49,13 @@ def use_backend(name: str) -> Iterator[None]:
         _backend = previous
 
 
-def blockwise_attention(
-    q: torch.Tensor,
-    pos: torch.Tensor,
-    ek: torch.Tensor,
-    ev: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    grid: Grid,
-    ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    block: int | None = None,
-) -> torch.Tensor:
+def blockwise_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor, grid: Grid, ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                        block: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q (B, H, T, D) at contiguous positions pos (T,); entries ek, ev (B, n_kv, n, D) numbered 0..n-1;
     exact k, v (B, n_kv, T, D) of the same positions; ring: exact rk, rv (B, n_kv, R, D) at rpos (R,)
-    held from before pos[0]. Returns (B, H, T, D), equal to `attend` over `Grid.mask`."""
+    held from before pos[0]; sinks (H,) attention-sink logits or None. Returns (B, H, T, D), equal to
+    `attend` over `Grid.mask`."""
     block = block or block_size(q.device)
     tied = ev is ek and v is k
     rk, rv, rpos = ring if ring is not None else (k[:, :, :0], v[:, :, :0], pos[:0])
@@ -70,9 +63,10 @@ def blockwise_attention(
     t0, keep = int(pos[0]), grid.exact_keep
     k_bands = _bands(k, block, keep)
     v_bands = k_bands if tied else _bands(v, block, keep)
+    qs = q if sinks is None else sink_query(q, sinks)  # (B, H, T, D or D + 1)
     out = []
     # split / unfold + unbind, not slicing: their backward is one op, not a zero-filled full-size grad per block
-    for i, q_b in enumerate(q.split(block, 2)):
+    for i, q_b in enumerate(qs.split(block, 2)):
         a = i * block
         b = a + q_b.shape[2]
         n_b = min(ek.shape[2], grid.n_complete(t0 + b))  # entries complete by the block's last query
@@ -81,8 +75,29 @@ def blockwise_attention(
         mask = grid.mask(pos[a:b], j[:n_b], torch.cat([rpos, pos[lo:b]]))  # (b - a, n_b + R + b - lo)
         keys = torch.cat([ek[:, :, :n_b], rk, k_bands[i][:, :, band]], 2)  # (B, n_kv, n_b + R + b - lo, D)
         values = keys if tied else torch.cat([ev[:, :, :n_b], rv, v_bands[i][:, :, band]], 2)
-        out.append(F.scaled_dot_product_attention(q_b, keys, values, attn_mask=mask, enable_gqa=True))
+        out.append(sdpa(q_b, keys, values, mask, sinks is not None))
     return torch.cat(out, 2)  # (B, H, T, D)
+
+
+def sink_query(q: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """An attention sink as one more key: q (B, H, T, D) -> [q, sink_h sqrt(D)] (B, H, T, D + 1), so that with
+    keys [k, 0] and the sink key [0, ..., 0, 1] (value 0) the sink's score is exactly sink_h (see `sdpa`)."""
+    col = (sinks.to(q.dtype) * q.shape[-1] ** 0.5).view(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[2], 1)
+    return torch.cat([q, col], -1)
+
+
+def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, sink: bool) -> torch.Tensor:
+    """One softmax per query over the masked keys (B, n_kv, N, D); with `sink`, q comes from `sink_query` and
+    the sink key joins every query's softmax."""
+    if not sink:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+    D = values.shape[-1]
+    sink_key = keys.new_zeros(*keys.shape[:2], 1, D + 1)
+    sink_key[..., D] = 1.0
+    keys = torch.cat([F.pad(keys, (0, 1)), sink_key], 2)  # (B, n_kv, N + 1, D + 1)
+    values = F.pad(values, (0, 0, 0, 1))  # (B, n_kv, N + 1, D): the sink adds no value
+    mask = F.pad(mask, (0, 1), value=True)  # (Tq, N + 1)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True, scale=D**-0.5)
 
 
 def _bands(x: torch.Tensor, block: int, keep: int) -> list[torch.Tensor]:
@@ -97,15 +112,15 @@ def _bands(x: torch.Tensor, block: int, keep: int) -> list[torch.Tensor]:
 _compiled_flex = None
 
 
-def flex_attention(
-    q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    grid: Grid,
-) -> torch.Tensor:
+def flex_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor, grid: Grid, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The parallel path with FlexAttention: keys [entries, exact tokens], a block mask from `Grid`'s rule."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import create_block_mask
     from torch.nn.attention.flex_attention import flex_attention as flex
 
+    if sinks is not None:
+        raise ConfigError("the flex backend has no attention sink; use the blockwise or reference backend")
     n, T, t0 = ek.shape[2], q.shape[2], int(pos[0])
 
     def mask_mod(b, h, q_idx, kv_idx):
@@ -123,11 +138,13 @@ def flex_attention(
     return run(q, keys, values, block_mask=mask, enable_gqa=True)
 
 
-def attend_parts(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]) -> torch.Tensor:
+def attend_parts(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One softmax over several key sets, each read in place (no concatenation of keys or values).
 
     q (B, H, Tq, D); parts: (k, v, mask) with k, v (B, n_kv, N_i, D) and mask (Tq, N_i) bool, or None when
-    every query sees every key of the set. Every query must see at least one key. -> (B, H, Tq, D).
+    every query sees every key of the set; sinks (H,) attention-sink logits joining every softmax, or None.
+    Every query must see at least one key. -> (B, H, Tq, D).
     For few queries over long caches (decode): O(Tq * sum N_i), no dense mask over what all queries see.
     """
     B, H, Tq, D = q.shape
@@ -141,21 +158,18 @@ def attend_parts(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor, 
         if mask is not None:
             s = s.view(B, n_kv, g, Tq, -1).masked_fill(~mask, float("-inf")).view(B, n_kv, g * Tq, -1)
         scores.append(s)
-    probs = torch.cat(scores, -1).softmax(-1).split([k.shape[2] for k, _, _ in parts], -1)
-    out = sum(p @ v for p, (_, v, _) in zip(probs, parts, strict=True))  # (B, n_kv, g * Tq, D)
+    sizes = [k.shape[2] for k, _, _ in parts]
+    if sinks is not None:
+        scores.append(sinks.to(q.dtype).view(1, n_kv, g, 1, 1).expand(B, n_kv, g, Tq, 1).reshape(B, n_kv, g * Tq, 1))
+        sizes.append(1)
+    probs = torch.cat(scores, -1).softmax(-1).split(sizes, -1)
+    out = sum(p @ v for p, (_, v, _) in zip(probs, parts, strict=False))  # (B, n_kv, g * Tq, D); a sink adds no value
     return out.view(B, H, Tq, D)
 
 
-def decode_attention(
-    q: torch.Tensor,
-    pos: torch.Tensor,
-    ek: torch.Tensor,
-    ev: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    grid: Grid,
-    ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, grid: Grid, ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as `blockwise_attention`, for a few queries over a decode cache: the entries every query
     sees are read in place without a mask; only entries completing inside the chunk and the exact tokens
     (ring + chunk, at most `exact_keep + Tq`) are masked by `Grid`."""
@@ -167,4 +181,4 @@ def decode_attention(
     if n_all < n:  # entries completing inside the chunk
         j = torch.arange(n_all, n, device=q.device)
         parts.append((ek[:, :, n_all:], ev[:, :, n_all:], grid.entry_visible(pos, j)))
-    return attend_parts(q, parts)
+    return attend_parts(q, parts, sinks)

@@ -1,6 +1,20 @@
-"""The chunked compressor of SPEC §2: per-offset gates Z_i, b_i and payloads C_i for every KV head.
+"""Compressors (SPEC §2-3): one compressed entry per window of W tokens, every S tokens.
+
+Every variant is the general compressor of the paper, read through its own parameterisation:
 
     s_{j,i} = Z_i h_{j,i} + b_i,   alpha_{j,i} = softmax_i s_{j,i},   K^_j = sum_i alpha_{j,i} * C_i h_{j,i}
+
+A variant declares its per-offset parameters (`CompressorBranch.offset_params`), which of them are
+offset-specific gate parameters (`cycled_params`: what gate cycling rolls) and how its entries become keys
+and values (`Compressor.entry_kv`); everything else (softmax partials, decode, gate scores) is shared.
+
+- `OffsetBranch` / `PaperCompressor`: the paper's compressor, own Z_i, b_i, C_i per offset (scalar or vector
+  gates, uniform averaging, tied K/V, post-norm).
+- `V4Branch` / `V4Compressor`: DeepSeek-V4's (transformers' `DeepseekV4HCACompressor`, W = S, and
+  `DeepseekV4CSACompressor`, W = 2S): one payload and one gate projection shared by every offset, a per-slot
+  vector bias (`position_bias`, the only offset-specific gate term), per-channel softmax, RMSNorm after
+  pooling, one vector as key and value. With W = 2S the window's first S slots read the previous block
+  through the first half of the channels, the last S the current block through the second half.
 
 Windows are compressed as streaming softmax partials (running max m, normaliser z, weighted payload acc),
 so the same code compresses a whole sequence at once and a window whose tokens arrive one at a time
@@ -9,6 +23,7 @@ in a decode cache: partials of disjoint token sets merge exactly.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +31,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from phasekv.attention.norm import RMSNorm
+from phasekv.attention.positions import Grid
+from phasekv.attention.rope import Rope
 from phasekv.config import ModelConfig
+
+OffsetParams = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+GATE_BIAS_NAMES = ("gate_bias", "position_bias")  # the variants' gate-bias parameters (biases: no weight decay)
 
 
 @dataclass
@@ -36,31 +56,45 @@ class Partial:
     def slice(self, start: int, stop: int | None = None) -> Partial:
         return Partial(self.m[:, start:stop], self.z[:, start:stop], self.acc[:, start:stop])
 
+    def cat(self, other: Partial) -> Partial:
+        return Partial(*(torch.cat([a, b], 1) for a, b in ((self.m, other.m), (self.z, other.z), (self.acc, other.acc))))
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.m, self.z, self.acc))
 
 
-class CompressorBranch(nn.Module):
-    """One compressed stream (keys or values) of a layer."""
+class CompressorBranch(nn.Module, ABC):
+    """One compressed stream (keys or values) of a layer. Subclasses say how offset i's payload C_i (W, n_kv,
+    d_head, d), gate Z_i (W, n_kv, G, d) and bias b_i (W, n_kv, G) are made (`offset_params`); no gate
+    (uniform averaging) gives zero logits."""
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        W, n_kv, d_head, d = cfg.window, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
-        std = d**-0.5
-        self.payload = nn.Parameter(torch.randn(W, n_kv, d_head, d) * std)  # C_i per offset and KV head
-        G = d_head if cfg.gate == "vector" else 1
-        self.gate_weight = None if cfg.gate == "uniform" else nn.Parameter(torch.randn(W, n_kv, G, d) * std)  # Z_i
-        self.gate_bias = nn.Parameter(torch.zeros(W, n_kv, G)) if cfg.gate != "uniform" and cfg.gate_bias else None
-        self.post_norm = RMSNorm(d_head, cfg.norm_eps) if cfg.post_norm else None
+    post_norm: nn.Module | None
+
+    @abstractmethod
+    def offset_params(self) -> OffsetParams:
+        """Per-offset payload (W, n_kv, d_head, d), gate (W, n_kv, G, d) or None, bias (W, n_kv, G) or None."""
+
+    @abstractmethod
+    def cycled_params(self) -> list[nn.Parameter]:
+        """Offset-specific gate parameters, offsets along dim 0: what gate cycling rolls."""
+
+    def own_matrices(self) -> list[nn.Parameter]:
+        """Weight matrices that are not inside an nn.Linear (initialised like one, by the model)."""
+        return []
+
+    @property
+    def gated(self) -> bool:
+        return self.offset_params()[1] is not None
 
     def logits(self, windows: torch.Tensor) -> torch.Tensor:
         """Gate logits s (B, n, W, n_kv, G) of windows (B, n, W, d); zeros for uniform averaging."""
-        if self.gate_weight is None:
+        payload, gate, bias = self.offset_params()
+        if gate is None:
             B, n, W, _ = windows.shape
-            return windows.new_zeros(B, n, W, self.payload.shape[1], 1)
-        s = torch.einsum("bnwd,wkgd->bnwkg", windows, self.gate_weight)  # (B, n, W, n_kv, G)
-        return s if self.gate_bias is None else s + self.gate_bias
+            return windows.new_zeros(B, n, W, payload.shape[1], 1)
+        s = torch.einsum("bnwd,wkgd->bnwkg", windows, gate)  # (B, n, W, n_kv, G)
+        return s if bias is None else s + bias
 
     def gate_scores(self, windows: torch.Tensor) -> torch.Tensor:
         """alpha (B, n, W, n_kv, G): softmax over the W offsets of each complete window."""
@@ -74,20 +108,21 @@ class CompressorBranch(nn.Module):
         m = s.amax(dim=2)  # (B, n, n_kv, G)
         m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
         e = (s - m_safe[:, :, None]).exp()  # (B, n, W, n_kv, G), 0 at absent offsets
-        payload = torch.einsum("bnwd,wkcd->bnwkc", windows, self.payload)  # (B, n, W, n_kv, d_head)
+        payload = torch.einsum("bnwd,wkcd->bnwkc", windows, self.offset_params()[0])  # (B, n, W, n_kv, d_head)
         return Partial(m, e.sum(dim=2), (e * payload).sum(dim=2))
 
     def token_partial(self, h: torch.Tensor, offsets: torch.Tensor) -> Partial:
         """Partials of one token h (B, d) sitting at `offsets` (n_w,) of n_w windows: what `partial` gives for
         windows holding that token alone, computing only its own offsets (the decode step)."""
         B, d = h.shape
-        n_w, n_kv = offsets.shape[0], self.payload.shape[1]
-        payload = F.linear(h, self.payload[offsets].reshape(-1, d)).view(B, n_w, n_kv, -1)  # (B, n_w, n_kv, d_head)
-        if self.gate_weight is None:
+        payload_w, gate_w, bias = self.offset_params()
+        n_w, n_kv = offsets.shape[0], payload_w.shape[1]
+        payload = F.linear(h, payload_w[offsets].reshape(-1, d)).view(B, n_w, n_kv, -1)  # (B, n_w, n_kv, d_head)
+        if gate_w is None:
             s = payload.new_zeros(B, n_w, n_kv, 1)
         else:
-            s = F.linear(h, self.gate_weight[offsets].reshape(-1, d)).view(B, n_w, n_kv, -1)  # (B, n_w, n_kv, G)
-            s = s if self.gate_bias is None else s + self.gate_bias[offsets]
+            s = F.linear(h, gate_w[offsets].reshape(-1, d)).view(B, n_w, n_kv, -1)  # (B, n_w, n_kv, G)
+            s = s if bias is None else s + bias[offsets]
         return Partial(s, torch.ones_like(s), payload)
 
     def finalize(self, p: Partial) -> torch.Tensor:
@@ -98,21 +133,170 @@ class CompressorBranch(nn.Module):
         return entry.transpose(1, 2)
 
 
-class Compressor(nn.Module):
-    """Key branch and (unless K/V are tied) value branch of one layer."""
+class OffsetBranch(CompressorBranch):
+    """The paper's branch: its own payload C_i, gate Z_i and bias b_i for every offset i."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.window, self.stride = cfg.window, cfg.stride
-        self.key = CompressorBranch(cfg)
-        self.value = None if cfg.tied_kv else CompressorBranch(cfg)
+        W, n_kv, d_head, d = cfg.window, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
+        std = d**-0.5
+        self.payload = nn.Parameter(torch.randn(W, n_kv, d_head, d) * std)  # C_i per offset and KV head
+        G = d_head if cfg.gate == "vector" else 1
+        self.gate_weight = None if cfg.gate == "uniform" else nn.Parameter(torch.randn(W, n_kv, G, d) * std)  # Z_i
+        self.gate_bias = nn.Parameter(torch.zeros(W, n_kv, G)) if cfg.gate != "uniform" and cfg.gate_bias else None
+        self.post_norm = RMSNorm(d_head, cfg.norm_eps) if cfg.post_norm else None
+
+    def offset_params(self) -> OffsetParams:
+        return self.payload, self.gate_weight, self.gate_bias
+
+    def cycled_params(self) -> list[nn.Parameter]:
+        return [p for p in (self.gate_weight, self.gate_bias) if p is not None]
+
+    def own_matrices(self) -> list[nn.Parameter]:
+        return [p for p in (self.payload, self.gate_weight) if p is not None]
+
+
+class V4Branch(CompressorBranch):
+    """DeepSeek-V4's branch: `kv_proj` and `gate_proj` shared by every offset, a per-slot vector bias, kv_norm.
+
+    Channels are laid out (half, kv_head, d_head): half 0 serves the window's first S slots (the previous
+    block, W = 2S only), half 1 its last S; transformers' CSA `[..., :head_dim]` / `[..., head_dim:]`."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        W, S, n_kv, D, d = cfg.window, cfg.stride, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
+        self.halves, self.head_dim = W // S, D  # halves 1: HCA (W = S); 2: CSA (W = 2S)
+        self.kv_proj = nn.Linear(d, self.halves * n_kv * D, bias=False)
+        self.gate_proj = nn.Linear(d, self.halves * n_kv * D, bias=False)
+        self.position_bias = nn.Parameter(torch.zeros(S, self.halves * n_kv * D)) if cfg.gate_bias else None
+        self.post_norm = RMSNorm(D, cfg.norm_eps)  # transformers' kv_norm
+        offset = torch.arange(W)
+        self.register_buffer("offset_half", offset // S, persistent=False)  # (W,) channel half each offset reads
+        self.register_buffer("offset_slot", offset % S, persistent=False)  # (W,) bias slot of each offset
+
+    def _per_offset(self, w: torch.Tensor) -> torch.Tensor:
+        """(halves * n_kv * D, d) shared weight -> (W, n_kv, D, d), one copy per offset."""
+        return w.view(self.halves, -1, self.head_dim, w.shape[-1])[self.offset_half]
+
+    def offset_params(self) -> OffsetParams:
+        bias = None
+        if self.position_bias is not None:
+            pb = self.position_bias.view(-1, self.halves, self.position_bias.shape[1] // self.halves // self.head_dim,
+                                         self.head_dim)  # (S, halves, n_kv, D)
+            bias = pb[self.offset_slot, self.offset_half]  # (W, n_kv, D)
+        return self._per_offset(self.kv_proj.weight), self._per_offset(self.gate_proj.weight), bias
+
+    def cycled_params(self) -> list[nn.Parameter]:
+        return [] if self.position_bias is None else [self.position_bias]  # slots along dim 0; halves stay
+
+
+class Compressor(nn.Module, ABC):
+    """A layer's compressed streams on its window grid: the windows of a sequence, the branches that pool
+    them, and how pooled entries become attention keys and values."""
+
+    rope_layout = "leading"  # RoPE layout of the whole layer (queries, exact keys, entries); see rope.Rope
+    applies_k_norm = True  # entries get the layer's key QK-norm before RoPE
+
+    def __init__(self, grid: Grid, rope: Rope):
+        super().__init__()
+        self.grid, self.rope = grid, rope  # the layer's window grid and RoPE
+        self.window, self.stride = grid.window, grid.stride
+
+    @abstractmethod
+    def branches(self) -> list[CompressorBranch]:
+        """The key branch, then the value branch when values have their own."""
+
+    def named_branches(self) -> list[tuple[str, CompressorBranch]]:
+        return list(zip(("key", "value"), self.branches(), strict=False))
+
+    def cycled_params(self) -> list[nn.Parameter]:
+        return [p for b in self.branches() for p in b.cycled_params()]
+
+    @property
+    def gated(self) -> bool:
+        return self.branches()[0].gated
+
+    def windows(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Complete windows (B, n, W, d) of hidden states h (B, T, d) on the grid, and (n, W) `present`
+        marks when a window starts before position 0 (its missing tokens are absent, zero weight)."""
+        g = self.grid
+        n = g.n_complete(h.shape[1])
+        if n == 0:
+            return h.new_zeros(h.shape[0], 0, self.window, h.shape[2]), None
+        first = g.entry_start(0)
+        x = F.pad(h, (0, 0, max(0, -first), 0))[:, max(0, first):]  # position first + i at index i
+        windows = x.unfold(1, self.window, self.stride)[:, :n].transpose(2, 3)  # (B, n, W, d)
+        if first >= 0:
+            return windows, None
+        return windows, g.window_tokens(torch.arange(n, device=h.device)) >= 0
+
+    def full_windows(self, h: torch.Tensor) -> torch.Tensor:
+        """The complete windows (B, n, W, d) that hold W real tokens: the ones gate statistics read."""
+        windows, present = self.windows(h)
+        return windows if present is None else windows[:, int((~present.all(1)).sum()):]
+
+    def entry_kv(self, raw: list[torch.Tensor], j: torch.Tensor, k_norm: nn.Module | None = None):
+        """Keys and values (B, n_kv, n, D) of entries j from their pooled branches raw (B, n_kv, n, D) each:
+        the layer's key QK-norm where the variant applies it, then RoPE at the entry's position."""
+        k = k_norm(raw[0]) if self.applies_k_norm and k_norm is not None else raw[0]
+        k = self.rope(k, self.grid.entry_position(j))
+        return k, (k if len(raw) == 1 else raw[1])
+
+    def entries(self, h: torch.Tensor, k_norm: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, n_kv, n, D) of every complete entry of hidden states h (B, T, d)."""
+        windows, present = self.windows(h)  # (B, n, W, d), (n, W) or None
+        raw = [b.finalize(b.partial(windows, present)) for b in self.branches()]  # (B, n_kv, n, D) each
+        return self.entry_kv(raw, torch.arange(windows.shape[1], device=h.device), k_norm)
+
+
+class PaperCompressor(Compressor):
+    """Key branch and (unless K/V are tied) value branch, each with per-offset parameters."""
+
+    def __init__(self, cfg: ModelConfig, grid: Grid, rope: Rope):
+        super().__init__(grid, rope)
+        self.key = OffsetBranch(cfg)
+        self.value = None if cfg.tied_kv else OffsetBranch(cfg)
 
     def branches(self) -> list[CompressorBranch]:
         return [self.key] if self.value is None else [self.key, self.value]
 
-    def windows(self, h: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """Complete windows (B, n, W, d) of hidden states h (B, T, d) on a grid starting at `offset`."""
-        h = h[:, offset:]
-        if h.shape[1] < self.window:
-            return h.new_zeros(h.shape[0], 0, self.window, h.shape[2])
-        return h.unfold(1, self.window, self.stride).transpose(2, 3)  # (B, n, W, d)
+
+class V4Compressor(Compressor):
+    """DeepSeek-V4's compressor: one branch whose entry is both key and value, RMSNorm-ed by its own kv_norm
+    (not the layer's QK-norm), rotated by V4's RoPE (interleaved pairs on the trailing dims) at the first
+    position of the entry's current block."""
+
+    rope_layout = "trailing"
+    applies_k_norm = False
+
+    def __init__(self, cfg: ModelConfig, grid: Grid, rope: Rope):
+        super().__init__(grid, rope)
+        self.key = V4Branch(cfg)
+
+    def branches(self) -> list[CompressorBranch]:
+        return [self.key]
+
+    def compressed_entries(self, h: torch.Tensor) -> torch.Tensor:
+        """Entries (B, n, D) of hidden states h (B, T, d) of a one-KV-head compressor: what transformers'
+        DeepseekV4{CSA,HCA}Compressor returns (stateless, no cache) as compressed KV, squeezed."""
+        k, _ = self.entries(h)  # (B, 1, n, D)
+        return k.squeeze(1)
+
+
+COMPRESSORS: dict[str, type[Compressor]] = {"paper": PaperCompressor, "v4": V4Compressor}
+
+
+def layer_grid(cfg: ModelConfig, layer: int) -> Grid:
+    """The window grid of `layer`: staggered phase (cfg.grid_offset) and the variant's placement. A V4 CSA
+    window (W = 2S) ends with its current block: the grid starts at -S and entry j is positioned at jS."""
+    lead = cfg.window - cfg.stride if cfg.compressor == "v4" else 0  # tokens before the entry's RoPE position
+    return Grid(cfg.window, cfg.stride, cfg.grid_offset(layer) - lead, cfg.local_window, rope_at=lead)
+
+
+def layer_rope(cfg: ModelConfig) -> Rope:
+    """The RoPE of every compressed and full layer of `cfg`: its dims and theta, in its compressor's layout."""
+    return Rope(cfg.rope_rotary_dims, cfg.rope_theta, COMPRESSORS[cfg.compressor].rope_layout)
+
+
+def make_compressor(cfg: ModelConfig, grid: Grid, rope: Rope) -> Compressor:
+    return COMPRESSORS[cfg.compressor](cfg, grid, rope)

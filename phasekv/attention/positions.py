@@ -1,8 +1,10 @@
 """The one place that says which keys a query sees and where compressed entries sit (SPEC §2).
 
-Entry `j` of a layer whose window grid starts at phase `o` (0 unless staggered) is written from
-tokens `jS+o .. jS+o+W-1`, carries RoPE position `jS+o` (its first token) and becomes visible to the
-query at `t` iff `jS+o+W-1 <= t` (DeepSeek-V4's rule). Exact tokens: the local window
+Entry `j` of a layer whose window grid starts at `o` (0 unless staggered; -S for a V4 CSA compressor,
+whose first window holds only its current block) is written from tokens `jS+o .. jS+o+W-1` (those at
+positions < 0 absent), carries RoPE position `jS+o+rope_at` (its first token; V4: its current block's
+first token) and becomes visible to the query at `t` iff `jS+o+W-1 <= t` (DeepSeek-V4's rule). Offset `i`
+of a window sits at phase `(o + i) mod S`. Exact tokens: the local window
 `t-n_local+1 .. t`, or, for the uncompressed tail, every token after the last visible entry's end.
 Tokens before the first complete window are reachable only through the exact tokens.
 """
@@ -16,14 +18,30 @@ import torch
 
 @dataclass(frozen=True)
 class Grid:
+    """A layer's window grid: which tokens make entry j, where it sits, when a query sees it, and which exact
+    tokens a query sees beside the entries. Every visibility and geometry rule of the package is here."""
+
     window: int  # W
     stride: int  # S
-    offset: int = 0  # phase at which the grid starts
+    offset: int = 0  # position of entry 0's first token (a phase, or negative: a leading partial window)
     local_window: int | None = 16  # None: uncompressed tail
+    rope_at: int = 0  # RoPE position of an entry, counted from its first token
 
     def entry_start(self, j: torch.Tensor) -> torch.Tensor:
-        """RoPE position of entry j: its first token."""
+        """Position of entry j's first token."""
         return j * self.stride + self.offset
+
+    def entry_position(self, j: torch.Tensor) -> torch.Tensor:
+        """RoPE position of entry j."""
+        return self.entry_start(j) + self.rope_at
+
+    def window_tokens(self, j: torch.Tensor) -> torch.Tensor:
+        """(n, W) positions of the tokens that make entries j (n,)."""
+        return self.entry_start(j)[:, None] + torch.arange(self.window, device=j.device)
+
+    def offset_phase(self, i: torch.Tensor) -> torch.Tensor:
+        """Phase (t mod S) of window offset i."""
+        return (self.offset + i) % self.stride
 
     def entry_end(self, j: torch.Tensor) -> torch.Tensor:
         return j * self.stride + self.offset + self.window - 1
@@ -32,6 +50,14 @@ class Grid:
         """Entries whose windows lie inside positions 0..length-1."""
         last = length - 1 - self.offset - (self.window - 1)
         return 0 if last < 0 else last // self.stride + 1
+
+    def n_started(self, length: int) -> int:
+        """Windows with at least one token inside positions 0..length-1."""
+        return max(0, (length - 1 - self.offset) // self.stride + 1)
+
+    def boundary_phase(self) -> int:
+        """Phase of a window's last token."""
+        return (self.offset + self.window - 1) % self.stride
 
     def last_visible_end(self, t: torch.Tensor) -> torch.Tensor:
         """End position of the newest entry visible at t, or -1 when none is."""

@@ -1,10 +1,20 @@
-"""Rotary position embedding (Qwen3's rotate-half form), optionally on the first `rot_dims` dims only."""
+"""Rotary position embedding on `dims` of the head dims, in one of two layouts:
+
+- `leading` (Qwen3): the first `dims` dims, rotate-half pairs (i, i + dims/2);
+- `trailing` (DeepSeek-V4): the last `dims` dims, interleaved pairs (2i, 2i + 1), as transformers'
+  `modeling_deepseek_v4.apply_rotary_pos_emb`.
+
+Queries, exact keys and compressed entries of a layer share one layout, so scores depend on relative position.
+"""
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
+
+LAYOUTS = ("leading", "trailing")
 
 
 @functools.lru_cache(maxsize=64)
@@ -15,20 +25,29 @@ def _inv_freq(rot_dims: int, theta: float, device: torch.device) -> torch.Tensor
 
 
 def rope_angles(pos: torch.Tensor, rot_dims: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (..., rot_dims) for integer positions `pos` (...)."""
-    inv_freq = _inv_freq(rot_dims, theta, pos.device)
-    ang = pos.to(torch.float32)[..., None] * inv_freq  # (..., rot_dims/2)
-    ang = torch.cat([ang, ang], dim=-1)  # (..., rot_dims)
+    """cos, sin of shape (..., rot_dims / 2), one angle per rotated pair, for integer positions `pos` (...)."""
+    ang = pos.to(torch.float32)[..., None] * _inv_freq(rot_dims, theta, pos.device)  # (..., rot_dims/2)
     return ang.cos(), ang.sin()
 
 
-def apply_rope(x: torch.Tensor, pos: torch.Tensor, rot_dims: int, theta: float) -> torch.Tensor:
-    """Rotate the first `rot_dims` dims of x (B, H, T, D) by positions pos (T,)."""
-    if rot_dims == 0:
-        return x
-    cos, sin = rope_angles(pos, rot_dims, theta)  # (T, r)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    xr, xp = x[..., :rot_dims], x[..., rot_dims:]
-    half = rot_dims // 2
-    rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
-    return torch.cat([xr * cos + rotated * sin, xp], dim=-1)
+@dataclass(frozen=True)
+class Rope:
+    dims: int  # rotated dims (0: no RoPE)
+    theta: float
+    layout: str = "leading"
+
+    def __call__(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Rotate x (B, H, T, D) by positions pos (T,)."""
+        if self.dims == 0:
+            return x
+        cos, sin = rope_angles(pos, self.dims, self.theta)  # (T, r/2)
+        if self.layout == "leading":
+            cos, sin = torch.cat([cos, cos], -1).to(x.dtype), torch.cat([sin, sin], -1).to(x.dtype)  # (T, r)
+            xr, xp = x[..., : self.dims], x[..., self.dims :]
+            half = self.dims // 2
+            rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+            return torch.cat([xr * cos + rotated * sin, xp], dim=-1)
+        cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)  # (T, r), fp32 as in V4
+        xp, xr = x[..., : -self.dims], x[..., -self.dims :]
+        rotated = torch.stack([-xr[..., 1::2], xr[..., 0::2]], dim=-1).flatten(-2)  # (-x_{2i+1}, x_{2i})
+        return torch.cat([xp, (xr.float() * cos + rotated.float() * sin).to(x.dtype)], dim=-1)

@@ -11,6 +11,9 @@ from phasekv.errors import ConfigError
 
 CONFIG_VERSION = 1
 GATES = ("scalar", "vector", "uniform")
+COMPRESSORS = ("paper", "v4")
+COMPRESSION_FIELDS = ("gate", "tied_kv", "gate_bias", "local_window", "post_norm", "stagger", "coverage_reg",
+                      "compressor", "attention_sink")  # attributes full attention does not have
 
 # Backbones. Compression attributes and the KV-head count come from the model name, not the preset.
 PRESETS: dict[str, dict] = {
@@ -61,7 +64,9 @@ class ModelConfig:
     local_window: int | None = 16  # exact recent tokens; None: uncompressed tail (current incomplete window only)
     post_norm: bool = False  # RMSNorm on each compressed entry after the payload projection
     stagger: bool = False  # staggered windows: each layer starts its window grid at a different phase
-    coverage_reg: float = 0.0  # coverage regulariser weight (training only, like the seed; phasekv.mitigate)
+    coverage_reg: float = 0.0  # coverage regulariser weight (training only, like the seed; phasekv.train.coverage)
+    compressor: str = "paper"  # paper: own Z_i, b_i, C_i per offset | v4: DeepSeek-V4's (shared projections, slot bias)
+    attention_sink: bool = False  # a learned per-head logit in the joint softmax (DeepSeek-V4's sink)
     seed: int = 42  # part of the model's name (the study's seeds 42-45)
 
     def __post_init__(self) -> None:
@@ -106,6 +111,11 @@ class ModelConfig:
 
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
+
+    def full_attention(self) -> ModelConfig:
+        """Full attention on the same backbone, KV heads and seed (every compression attribute at its default)."""
+        defaults = ModelConfig.__dataclass_fields__
+        return self.replace(window=0, stride=0, **{f: defaults[f].default for f in COMPRESSION_FIELDS})
 
     def to_dict(self) -> dict:
         return {"config_version": CONFIG_VERSION, "name": self.name, **dataclasses.asdict(self)}
@@ -156,7 +166,7 @@ class ModelConfig:
             if self.stride:
                 bad("stride", "must be 0 for full attention (window=0)")
             defaults = ModelConfig.__dataclass_fields__
-            for f in ("gate", "tied_kv", "gate_bias", "local_window", "post_norm", "stagger", "coverage_reg"):
+            for f in COMPRESSION_FIELDS:
                 if getattr(self, f) != defaults[f].default:
                     bad(f, "is a compression attribute; full attention (window=0) has none")
             return
@@ -172,3 +182,15 @@ class ModelConfig:
             bad("coverage_reg", "must be a finite number >= 0")
         if self.coverage_reg and self.gate == "uniform":
             bad("coverage_reg", "uniform averaging has no gate preferences to spread")
+        if self.compressor not in COMPRESSORS:
+            bad("compressor", f"must be one of {', '.join(COMPRESSORS)}")
+        if self.compressor == "v4":
+            self._validate_v4(bad)
+
+    def _validate_v4(self, bad) -> None:
+        """DeepSeek-V4's compressor: W = S (HCA) or W = 2S (CSA); per-channel gates, K = V, kv_norm are its own."""
+        if self.window not in (self.stride, 2 * self.stride):
+            bad("window", f"the V4 compressor needs W = S (HCA) or W = 2S (CSA), got S={self.stride}")
+        for f, v in (("gate", "vector"), ("tied_kv", True), ("post_norm", True)):
+            if getattr(self, f) != v:
+                bad(f, f"the V4 compressor implies {f}={v!r}")

@@ -7,6 +7,7 @@ The one place that maps names to config fields and back. Every config prints its
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from phasekv.errors import ModelNameError
@@ -15,10 +16,13 @@ if TYPE_CHECKING:
     from phasekv.config.model import ModelConfig
 
 SEP = " · "
-DEEPSEEK = dict(window=8, stride=4, n_kv_heads=1, gate="vector", tied_kv=True, rope_dims=16)
+DEEPSEEK = dict(window=8, stride=4, n_kv_heads=1, gate="vector", tied_kv=True, rope_dims=16, compressor="paper")
+V4 = {"compressor": "v4", "gate": "vector", "tied_kv": True, "post_norm": True}  # what "V4 compressor" sets
 
 # attribute: (paper words, ascii token, fields it sets). Order here is the order names print in.
 ATTRIBUTES: list[tuple[str, str, dict]] = [
+    ("V4 compressor", "v4", V4),
+    ("no slot bias", "noslotbias", {"gate_bias": False}),  # the V4 compressor's name for no gate bias
     ("vector gates", "vector", {"gate": "vector"}),
     ("uniform averaging", "uniform", {"gate": "uniform"}),
     ("tied K/V", "tied", {"tied_kv": True}),
@@ -28,6 +32,7 @@ ATTRIBUTES: list[tuple[str, str, dict]] = [
     ("no RoPE", "norope", {"rope_dims": 0}),
     ("uncompressed tail", "tail", {"local_window": None}),
     ("staggered windows", "stagger", {"stagger": True}),
+    ("attention sink", "sink", {"attention_sink": True}),
 ]
 # parameterised attributes: paper regex, ascii regex, field
 NUMBERED: list[tuple[str, str, str, str, str]] = [
@@ -37,6 +42,7 @@ NUMBERED: list[tuple[str, str, str, str, str]] = [
     ("seed {}", r"seed (\d+)", "seed{}", r"seed(\d+)", "seed"),
     ("coverage reg {}", r"coverage reg (\d+(?:\.\d+)?)", "cov{}", r"cov(\d+(?:\.\d+)?)", "coverage_reg"),
 ]
+BIAS_WORDS = {"no gate bias": False, "no slot bias": True}  # which one a name uses: by whether it has a V4 compressor
 DEFAULTS = {"gate": "scalar", "tied_kv": False, "post_norm": False, "gate_bias": True, "qk_norm": True,
             "rope_dims": None, "local_window": 16, "stagger": False, "seed": 42,
             "coverage_reg": 0.0}
@@ -80,6 +86,10 @@ def _parse_parts(name: str, parts: list[str], ascii_: bool) -> dict:
         if not m:
             raise _err(name, parts[0])
         fields["window"], fields["stride"] = int(m.group(1)), int(m.group(2))
+        for field in ("window", "stride"):
+            if fields[field] < 1:
+                raise ModelNameError(f"model name {name!r}: {field}={fields[field]} must be >= 1; full attention is "
+                                     f"named 'Full attention · N KV' (alias full-Nkv)")
     seen: set[str] = set()
     for part in rest:
         key = part.strip().lower()
@@ -89,6 +99,8 @@ def _parse_parts(name: str, parts: list[str], ascii_: bool) -> dict:
             raise ModelNameError(f"model name {name!r} repeats {part!r}")
         seen.add(key)
         fields.update(_parse_attribute(name, key, part, ascii_))
+    if seen & {"no slot bias", "noslotbias"} and fields.get("compressor") != "v4":
+        raise ModelNameError(f"model name {name!r}: 'no slot bias' needs the V4 compressor ('· V4 compressor')")
     return fields
 
 
@@ -109,13 +121,14 @@ def _parse_attribute(name: str, key: str, part: str, ascii_: bool) -> dict:
 
 
 def _attributes(cfg: ModelConfig, ascii_: bool) -> list[str]:
-    """The non-default attributes of `cfg`, in print order."""
+    """The non-default attributes of `cfg`, in print order; those its head or the V4 compressor imply are left out."""
     out = []
-    deepseek = _is_deepseek(cfg)
+    deepseek, v4 = _is_deepseek(cfg), cfg.compressor == "v4"
+    implied = DEEPSEEK if deepseek else {k: v for k, v in V4.items() if k != "compressor"} if v4 else {}
     if deepseek and cfg.gate == "scalar":
         out.append("scalar" if ascii_ else "scalar gates")
     for paper, token, fields in ATTRIBUTES:
-        if deepseek and all(DEEPSEEK.get(k) == v for k, v in fields.items()):
+        if fields.items() <= implied.items() or (paper in BIAS_WORDS and BIAS_WORDS[paper] != v4):
             continue
         if all(getattr(cfg, k) == v for k, v in fields.items()):
             out.append(token if ascii_ else paper)
@@ -129,8 +142,6 @@ def _attributes(cfg: ModelConfig, ascii_: bool) -> list[str]:
 
 def _number(v) -> str:
     """Integers as they are; other numbers in fixed point without trailing zeros (no exponent, no '-')."""
-    from decimal import Decimal
-
     return str(int(v)) if float(v).is_integer() else format(Decimal(repr(float(v))), "f")
 
 

@@ -6,6 +6,11 @@
 - `RecallStream` / `RecallConfig`: the default training data; `recall_accuracy()`: held-out accuracy by phase.
 - `TextStream` / `build_shards()`: text corpora tokenized once into memory-mapped shards.
 - `build_stream(DataConfig, ...)`: what `phasekv train --data ...` uses.
+
+Layer: above `phasekv.model`, below `phasekv.train` (and everything that evaluates). Data imports only the
+foundation (`errors`, `io`): a stream is a pure function of (seed, split, index) and knows no model, so the
+same examples feed training, validation and the evaluations. It sits above the model layer so that its
+held-out measure, `recall_accuracy(model, ...)`, may take a model; it reads only the model's logits.
 """
 
 from phasekv.data.corpus import TextStream, build_shards, iter_corpus, iter_documents, resolve_files

@@ -7,6 +7,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from phasekv.data.corpus import TextStream, build_shards, iter_corpus
+from phasekv.data.tokenizer import build_word_tokenizer, load_tokenizer, save_tokenizer, train_bpe
+
 app = typer.Typer(help="Tokenizers: byte-level BPE for text corpora, the word tokenizer of recall data, shards.",
                   no_args_is_help=True)
 console = Console(stderr=True)
@@ -20,9 +23,6 @@ def train_cmd(
     min_frequency: int = typer.Option(2, help="Minimum pair frequency of a merge."),
 ) -> None:
     """Train a byte-level BPE tokenizer (GPT-2/Qwen style, with <pad> <bos> <eos> <unk>) on a corpus."""
-    from phasekv.data.corpus import iter_corpus
-    from phasekv.data.tokenizer import save_tokenizer, train_bpe
-
     tok = train_bpe(iter_corpus(corpus), vocab_size=vocab_size, min_frequency=min_frequency)
     path = save_tokenizer(tok, out)
     console.print(f"byte-level BPE with {tok.get_vocab_size():,} tokens -> {path}")
@@ -31,8 +31,6 @@ def train_cmd(
 @app.command("words")
 def words_cmd(out: Path = typer.Option(Path("tokenizer.json"), "--out", "-o", help="Output tokenizer.json.")) -> None:
     """Write the word-level tokenizer of the recall data (every animal, name and filler word is one token)."""
-    from phasekv.data.tokenizer import build_word_tokenizer, save_tokenizer
-
     tok = build_word_tokenizer()
     console.print(f"word tokenizer with {tok.get_vocab_size()} tokens -> {save_tokenizer(tok, out)}")
 
@@ -45,9 +43,6 @@ def encode_cmd(
     workers: int = typer.Option(0, help="Processes (0 = one per CPU)."),
 ) -> None:
     """Tokenize a corpus once into memory-mapped shards (what `phasekv train --data` reuses)."""
-    from phasekv.data.corpus import TextStream, build_shards
-    from phasekv.data.tokenizer import load_tokenizer
-
     d = build_shards(corpus, load_tokenizer(tokenizer), cache_dir, workers or None)
     n = TextStream(d, 1, split="train", val_fraction=0.0).n_tokens
     console.print(f"{n:,} tokens in {d}")

@@ -33,6 +33,8 @@ from phasekv.errors import ConfigError, DataError
 
 @dataclass
 class RecallConfig:
+    """Layout of a synthetic recall sequence (see module doc): records, prefix, gaps, queries, word lists."""
+
     seq_len: int = 96  # tokens per sequence incl. <bos>; the tail after the last query is padding
     min_records: int = 2  # records per sequence, uniform in [min_records, max_records] (fewer when a long
     #                       prefix and gaps leave no room: the records that fit, then at least one query)

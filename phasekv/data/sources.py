@@ -15,6 +15,8 @@ from phasekv.errors import ConfigError
 
 @dataclass
 class DataConfig:
+    """Where a run's examples come from: synthetic recall (default), a text corpus, or a mixture of both."""
+
     data: str = "recall"  # "recall", or corpus files / directories / globs (comma-separated)
     tokenizer: str | None = None  # tokenizer.json or HF dir; default: the word tokenizer (recall only)
     recall_mix: float = 0.0  # with a corpus: fraction of sequences that are synthetic recall

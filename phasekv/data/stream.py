@@ -25,12 +25,16 @@ SPLIT_SALT = {"train": 0, "val": 1, "probe": 2}
 
 @dataclass
 class Example:
+    """One fixed-length training example: input ids, shifted labels and, for recall, the answers' key positions."""
+
     ids: np.ndarray  # (T,) int64 input tokens
     labels: np.ndarray  # (T,) int64 next-token targets, IGNORE where no loss
     answer_pos: np.ndarray | None = None  # (T,) int64 record-key position of a recall answer, -1 elsewhere
 
 
 class Stream(Protocol):
+    """Anything that maps a global example index to one Example of `seq_len` tokens (recall, text, mixture)."""
+
     seq_len: int
 
     def example(self, index: int) -> Example: ...

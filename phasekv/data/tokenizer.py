@@ -118,7 +118,7 @@ def special_ids(tok: Tokenizer) -> dict[str, int | None]:
 
 def to_hf(tok: Tokenizer):
     """Wrap as a `transformers.PreTrainedTokenizerFast` (the type `load_run` returns, like an HF model dir)."""
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # imported when used: ~1 s
 
     ids = special_ids(tok)
     kw = {k + "_token": tok.id_to_token(v) for k, v in ids.items() if v is not None}

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from phasekv.attention.compressor import layer_grid
 from phasekv.config import PRESETS, ModelConfig
 from phasekv.errors import ConfigError
 from phasekv.model.transformer import PhaseLM
@@ -21,8 +22,6 @@ PRESET_HELP = f"Backbone preset: {', '.join(PRESETS)}."
 
 def cache_bytes(config: ModelConfig, context: int, batch_size: int = 1) -> int:
     """Bytes a decode cache of this config holds after `context` tokens, computed without running the model."""
-    from phasekv.attention.positions import Grid
-
     per_token = 2 * batch_size * config.n_kv_heads * config.head_dim * 4  # fp32 K and V of one token, one layer
     if not config.compressed:
         return config.n_layers * context * per_token
@@ -30,10 +29,9 @@ def cache_bytes(config: ModelConfig, context: int, batch_size: int = 1) -> int:
     tied = 1 if config.tied_kv else 2
     G = config.head_dim if config.gate == "vector" else 1
     for layer in range(config.n_layers):
-        grid = Grid(config.window, config.stride, config.grid_offset(layer), config.local_window)
+        grid = layer_grid(config, layer)
         entries = grid.n_complete(context)
-        started = 0 if context - 1 < grid.offset else (context - 1 - grid.offset) // grid.stride + 1
-        in_flight = started - entries
+        in_flight = grid.n_started(context) - entries
         exact = min(context, grid.exact_keep)
         branch_entry = batch_size * config.n_kv_heads * config.head_dim * 4
         partial = batch_size * config.n_kv_heads * (2 * G + config.head_dim) * 4
@@ -53,7 +51,7 @@ def register(app: typer.Typer) -> None:
         if context < 1:
             raise ConfigError(f"--context {context} must be >= 1")
         cfg = ModelConfig.from_name(arch, preset=preset, vocab_size=vocab_size)
-        full = cfg.replace(window=0, stride=0, **_compression_defaults())
+        full = cfg.full_attention()
         table = Table(title=f"{cfg.name}  ({cfg.alias})")
         table.add_column("field")
         table.add_column("value")
@@ -92,15 +90,10 @@ def register(app: typer.Typer) -> None:
             steps = [model(ids[:, i : i + 1], cache=cache) for i in range(tokens, tokens + decode)]
             dec = time.perf_counter() - t
         diff = (torch.cat(steps, 1) - logits[:, tokens:]).abs().max().item()
-        full = cache_bytes(cfg.replace(window=0, stride=0, **_compression_defaults()), tokens + decode, 2)
+        full = cache_bytes(cfg.full_attention(), tokens + decode, 2)
         console.print(f"forward {tokens + decode} tokens: {fwd * 1e3:.1f} ms; decode {decode} steps: "
                       f"{dec / decode * 1e3:.2f} ms/step; max |decode - parallel| = {diff:.2e}")
         console.print(f"cache: {cache.nbytes:,} bytes ({cache.nbytes / full:.3f} of a full-attention cache)")
         if diff > 1e-4:
             raise typer.Exit(1)
 
-
-def _compression_defaults() -> dict:
-    fields = ModelConfig.__dataclass_fields__
-    return {f: fields[f].default for f in ("gate", "tied_kv", "gate_bias", "local_window", "post_norm", "stagger",
-                                               "coverage_reg")}

@@ -1,9 +1,11 @@
-"""Hugging Face interop: full-attention PhaseLM <-> transformers' Qwen3ForCausalLM, same weights."""
+"""Hugging Face interop: full-attention PhaseLM <-> transformers' Qwen3ForCausalLM, same weights; PhaseLM's V4
+compressor <-> transformers' DeepSeek-V4 compressors (`compressor_from_hf`, `compressor_to_hf`), same entries."""
 
 from __future__ import annotations
 
 import torch
 
+from phasekv.attention.compressor import layer_grid, layer_rope, make_compressor
 from phasekv.config import ModelConfig
 from phasekv.errors import ConfigError
 
@@ -92,3 +94,53 @@ def to_hf(model):
     if unexpected or [m for m in missing if "rotary" not in m]:
         raise ConfigError(f"weight names do not match Qwen3 (missing {missing[:3]}, unexpected {unexpected[:3]})")
     return hf_model.to(torch.float32)
+
+
+# ---- DeepSeek-V4 compressors (transformers' DeepseekV4CSACompressor / DeepseekV4HCACompressor) ----
+V4_LAYER_TYPES = {"DeepseekV4CSACompressor": "compressed_sparse_attention",
+                  "DeepseekV4HCACompressor": "heavily_compressed_attention"}
+V4_WEIGHTS = {"kv_proj.weight": "key.kv_proj.weight", "gate_proj.weight": "key.gate_proj.weight",
+              "position_bias": "key.position_bias", "kv_norm.weight": "key.post_norm.weight"}  # HF -> ours
+
+
+def v4_compressor_config(hf_module, hf_config) -> ModelConfig:
+    """The one-layer PhaseLM config whose V4 compressor has the shape of `hf_module` (a transformers V4
+    compressor): W = S = ratio (HCA) or W = 2S, S = ratio (CSA); RoPE on V4's compress slice and theta."""
+    kind = type(hf_module).__name__
+    if kind not in V4_LAYER_TYPES:
+        raise ConfigError(f"{kind}: expected a transformers DeepseekV4CSACompressor or DeepseekV4HCACompressor")
+    rope = hf_config.rope_parameters["compress"]
+    if rope.get("rope_type", "default") != "default":
+        raise ConfigError(f"compress rope_type={rope['rope_type']!r}: PhaseLM models only default RoPE "
+                          f"(V4's YaRN frequencies are not reproduced)")
+    ratio = hf_config.compress_rates[V4_LAYER_TYPES[kind]]
+    overlap = 2 if kind == "DeepseekV4CSACompressor" else 1
+    return ModelConfig(
+        vocab_size=hf_config.vocab_size, n_layers=1, d_model=hf_config.hidden_size,
+        n_heads=hf_config.num_attention_heads, n_kv_heads=1, head_dim=hf_config.head_dim,
+        rope_theta=float(rope["rope_theta"]), rope_dims=int(hf_config.head_dim * rope["partial_rotary_factor"]),
+        norm_eps=hf_config.rms_norm_eps, window=overlap * ratio, stride=ratio, compressor="v4", gate="vector",
+        tied_kv=True, post_norm=True, local_window=hf_config.sliding_window, attention_sink=True, preset="hf",
+    )
+
+
+def compressor_from_hf(hf_module, hf_config):
+    """A PhaseLM V4 compressor with the weights of a transformers V4 compressor (CSA or HCA):
+    `compressor_from_hf(m, cfg).compressed_entries(h)` equals m's stateless compressed KV, squeezed."""
+    cfg = v4_compressor_config(hf_module, hf_config)
+    comp = make_compressor(cfg, layer_grid(cfg, 0), layer_rope(cfg))
+    theirs = hf_module.state_dict()
+    comp.load_state_dict({ours: theirs[name].detach().clone().float() for name, ours in V4_WEIGHTS.items()})
+    return comp
+
+
+@torch.no_grad()
+def compressor_to_hf(comp, hf_module) -> None:
+    """Write a PhaseLM V4 compressor's weights into a transformers V4 compressor of the same shape."""
+    ours = comp.state_dict()
+    for name, param in hf_module.named_parameters():
+        if name in V4_WEIGHTS:
+            if ours[V4_WEIGHTS[name]].shape != param.shape:
+                raise ConfigError(f"{name}: shape {tuple(ours[V4_WEIGHTS[name]].shape)} of the PhaseLM compressor "
+                                  f"does not match the transformers module's {tuple(param.shape)}")
+            param.copy_(ours[V4_WEIGHTS[name]])

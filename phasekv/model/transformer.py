@@ -8,6 +8,7 @@ from torch import nn
 
 from phasekv.attention.attention import Attention
 from phasekv.attention.cache import PhaseCache
+from phasekv.attention.compressor import CompressorBranch
 from phasekv.attention.norm import RMSNorm
 from phasekv.config import ModelConfig
 from phasekv.errors import ConfigError
@@ -42,6 +43,10 @@ class Block(nn.Module):
 
 
 class PhaseLM(nn.Module):
+    """A Qwen3-shaped decoder (token embedding, pre-norm blocks of attention and SwiGLU, final norm, LM head)
+    whose attention layers may compress their KV cache (`ModelConfig`'s compression attributes). Runs a whole
+    sequence at once, or continues a decode cache (`new_cache`) chunk by chunk with the same result."""
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
@@ -85,7 +90,7 @@ class PhaseLM(nn.Module):
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    # ---- files and interop (phasekv.model.io, phasekv.model.hf) ----
+    # ---- files and interop: phasekv.model.io and .hf build PhaseLMs, so they are imported on use (one-way) ----
     def save(self, directory) -> None:
         from phasekv.model.io import save_model
 
@@ -113,7 +118,6 @@ def _init_weights(module: nn.Module, cfg: ModelConfig) -> None:
     """Normal(0, std) for every matrix (`cfg.init_std`, or fan-in scaled when None); norms start at 1, gate
     biases at 0. Fan-in scaling matters at small widths: with a flat 0.02 a width-64 model takes thousands of
     steps longer to learn associative recall."""
-    from phasekv.attention.compressor import CompressorBranch
 
     def init(w: torch.Tensor, embedding: bool = False) -> None:
         if cfg.init_std is not None:
@@ -127,6 +131,5 @@ def _init_weights(module: nn.Module, cfg: ModelConfig) -> None:
     if isinstance(module, (nn.Linear, nn.Embedding)):
         init(module.weight, embedding=isinstance(module, nn.Embedding))
     if isinstance(module, CompressorBranch):
-        init(module.payload)
-        if module.gate_weight is not None:
-            init(module.gate_weight)
+        for w in module.own_matrices():
+            init(w)

@@ -13,6 +13,14 @@ The default data is synthetic associative recall (`phasekv.data.recall`) with a 
 words it uses (`phasekv.data.recall_tokenizer`); validation reports held-out recall accuracy by residue mod 24.
 A run directory holds config.json, tokenizer.json, metrics.jsonl, gates.jsonl, checkpoints/ and done.json
 (see `phasekv.train.checkpoint`).
+
+Modules, as in torchtitan: `loop` (the step loop, `Trainer`), `build` (tokenizer, model, optimizer),
+`distributed` (process group, device, DDP/FSDP2), `metrics` (logs, progress), `resume` (config merging,
+state restore), `checkpoint`, `config`, `sweep`, `cli`.
+
+Layer: above `phasekv.data` and `phasekv.model`, which it composes (streams feed a PhaseLM; weights are
+saved in the model's own file format), and below `phasekv.eval`, `analysis` and `mitigate`, which read the
+runs it writes. Training itself needs nothing from those layers.
 """
 
 from phasekv.train.config import TrainConfig

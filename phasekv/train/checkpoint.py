@@ -1,4 +1,4 @@
-"""Atomic training checkpoints and the one loader every `--model` flag uses.
+"""Training checkpoints, written atomically (`phasekv.io.atomic_dir`), and the layout of a run directory.
 
 A run directory:
 

@@ -1,80 +1,83 @@
-"""Commands `phasekv train`, `phasekv sweep ...` and `phasekv tokenizer ...`."""
+"""Commands `phasekv train`, `phasekv sweep ...` and `phasekv tokenizer ...`.
+
+`phasekv train` has one option per field of `TrainConfig` and of its `DataConfig` (`--lr`, `--data`, ...):
+the help is the field's comment and the default the field's default, so the config documents its own
+command line and a new field is a new option.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
+import inspect
+import re
 
 import typer
 from rich.console import Console
 
+from phasekv.data.cli import app as tokenizer_app
+from phasekv.data.sources import DataConfig
+from phasekv.errors import ConfigError
 from phasekv.train.config import TrainConfig
+from phasekv.train.loop import train
+from phasekv.train.sweep import app as sweep_app
 
 console = Console(stderr=True)
 
-D = TrainConfig()
-ARCH_HELP = "Model: paper name ('W8/S8 · 1 KV', 'Full attention · 8 KV') or ASCII alias ('w8s8-1kv')."
+TYPES = {"int": int, "float": float, "bool": bool}  # field annotation (less `| None`) -> option type, else str
+NOTES = {  # what the command line adds to a field's comment
+    "out": "(required)",
+    "recall": "as key=value pairs, e.g. 'min_records=4,max_records=8,min_distance=16'",
+}
 
 
-def train_command(
-    arch: str = typer.Option(None, "--arch", help=ARCH_HELP + " Default: W8/S8 · 1 KV."),
-    preset: str = typer.Option(None, help="Backbone preset: tiny | small | qwen3-0.6b (default tiny)."),
-    out: Path = typer.Option(None, "--out", "-o", help="Run directory (config, tokenizer, metrics, gates, checkpoints)."),
-    data: str = typer.Option(None, help="'recall' (synthetic associative recall, default) or .txt/.jsonl/.parquet "
-                                        "files, directories or globs (comma-separated)."),
-    tokenizer: str = typer.Option(None, help="tokenizer.json (or HF model dir) for text data; default: word tokenizer."),
-    recall_mix: float = typer.Option(None, help="With a text corpus: fraction of synthetic recall sequences (0-1)."),
-    recall: str = typer.Option(None, help="Recall layout overrides, e.g. 'min_records=4,max_records=8,min_distance=16' "
-                                          "(fields of phasekv.data.RecallConfig)."),
-    steps: int = typer.Option(None, help=f"Optimizer steps (default {D.total_steps})."),
-    tokens: int = typer.Option(None, help="Training tokens instead of --steps."),
-    batch_size: int = typer.Option(None, help=f"Sequences per optimizer step, all ranks and micro-steps together (default {D.batch_size})."),
-    grad_accum: int = typer.Option(None, help=f"Gradient accumulation micro-steps per optimizer step (default {D.grad_accum})."),
-    seq_len: int = typer.Option(None, help=f"Tokens per training sequence (default {D.seq_len})."),
-    lr: float = typer.Option(None, help=f"Peak learning rate of AdamW (default {D.lr})."),
-    min_lr: float = typer.Option(None, help=f"Final learning rate of the cosine schedule (default {D.min_lr})."),
-    warmup: int = typer.Option(None, help=f"Linear warmup steps (default {D.warmup})."),
-    weight_decay: float = typer.Option(None, help=f"AdamW weight decay on matrices (default {D.weight_decay})."),
-    grad_clip: float = typer.Option(None, help=f"Gradient-norm clip, 0 = off (default {D.grad_clip})."),
-    seed: int = typer.Option(None, help="Seed of init and data order (default: the model name's seed, 42)."),
-    init_from: str = typer.Option(None, help="Continue training these weights (run dir or model dir) on --data."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its latest checkpoint."),
-    ckpt_every: int = typer.Option(None, help=f"Checkpoint every N steps, the last step always (default {D.ckpt_every})."),
-    val_every: int = typer.Option(None, help=f"Validate every N steps, 0 = only at the end (default {D.val_every})."),
-    log_every: int = typer.Option(None, help=f"Append to metrics.jsonl every N steps (default {D.log_every})."),
-    val_sequences: int = typer.Option(None, help=f"Held-out sequences per validation (default {D.val_sequences})."),
-    keep_checkpoints: int = typer.Option(None, help=f"Complete checkpoints to keep, newest first (default {D.keep_checkpoints})."),
-    gate_probe: int = typer.Option(None, help=f"Probe sequences of the gate snapshots (default {D.gate_probe})."),
-    gate_steps: str = typer.Option(None, help="Gate snapshot steps: 'log' (default), 'none' or '1,10,100'."),
-    device: str = typer.Option(None, help="auto | cpu | cuda."),
-    compile: bool = typer.Option(None, "--compile/--no-compile", help="torch.compile the model."),
-    fsdp: bool = typer.Option(None, "--fsdp/--no-fsdp", help="Under torchrun: FSDP2 (fully_shard) instead of DDP."),
-    threads: int = typer.Option(None, help="torch CPU threads (0 = default)."),
-    logger: str = typer.Option(None, help="Extra logging: none | tensorboard | wandb (when installed)."),
-    progress: bool = typer.Option(None, "--progress/--no-progress", help="Show the progress bar."),
-) -> None:
+def field_comments(cls) -> dict[str, str]:
+    """{field: its trailing comment} of a commented config dataclass."""
+    return dict(re.findall(r"^ +(\w+): [^#\n]+#\s*(.+)$", inspect.getsource(cls), re.M))
+
+
+def _option(f: dataclasses.Field, comment: str, default) -> inspect.Parameter:
+    """`--field` (`--field/--no-field` for a bool), None when not given: with --resume only given options count."""
+    flag = "--" + f.name.replace("_", "-")
+    flags = [f"{flag}/--no-{flag[2:]}"] if f.type == "bool" else [flag] + (["-o"] if f.name == "out" else [])
+    shown = NOTES.get(f.name) or (f"(default {default})" if isinstance(default, int | float | str) else "")
+    opt = typer.Option(None, *flags, help=f"{comment} {shown}".strip())
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=opt,
+                             annotation=TYPES.get(f.type.removesuffix(" | None"), str))
+
+
+def train_options() -> list[inspect.Parameter]:
+    """The options of `phasekv train`, in TrainConfig's order with the DataConfig fields in place of `data`."""
+    comments = {**field_comments(TrainConfig), **field_comments(DataConfig)}
+    defaults = {**TrainConfig().to_dict(), **DataConfig().to_dict()}
+    fields = []
+    for f in dataclasses.fields(TrainConfig):
+        fields += dataclasses.fields(DataConfig) if f.name == "data" else [f]
+    return [_option(f, comments[f.name], defaults[f.name]) for f in fields]
+
+
+def train_command(resume: bool = False, **options) -> None:
     """Train a model from scratch (default: synthetic associative recall on the tiny preset).
 
     Example: phasekv train --arch "W8/S8 · 1 KV" --preset tiny --steps 1600 --out runs/w8s8.
     Under `torchrun --nproc_per_node N -m phasekv train ...` it trains with DDP (or FSDP2 with --fsdp).
     """
-    from phasekv.train.loop import train
-
-    opts = {k: v for k, v in locals().items() if v is not None and k not in ("resume", "train")}
+    opts = {k: v for k, v in options.items() if v is not None}
     if "out" not in opts:
-        from phasekv.errors import ConfigError
-
         raise ConfigError("--out DIR is required (the run directory)")
-    opts["out"] = str(opts["out"])
     if "recall" in opts:
         opts["recall"] = parse_pairs(opts["recall"], "--recall")
-    summary = train(resume=resume, **opts)
-    _print_summary(summary)
+    _print_summary(train(resume=resume, **opts))
+
+
+train_command.__signature__ = inspect.Signature([
+    *train_options(),
+    inspect.Parameter("resume", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
+        False, "--resume", help="Continue the run in --out from its latest checkpoint.")),
+])
 
 
 def parse_pairs(text: str, flag: str) -> dict:
     """'a=1,b=x' -> {'a': 1, 'b': 'x'} (ints, floats, true/false, else strings)."""
-    from phasekv.errors import ConfigError
-
     out: dict = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, raw = part.partition("=")
@@ -105,9 +108,6 @@ def _print_summary(s: dict) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    from phasekv.data.cli import app as tokenizer_app
-    from phasekv.train.sweep import app as sweep_app
-
     app.command("train")(train_command)
     app.add_typer(sweep_app, name="sweep")
     app.add_typer(tokenizer_app, name="tokenizer")

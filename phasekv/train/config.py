@@ -14,11 +14,14 @@ from phasekv.errors import ConfigError
 
 @dataclass
 class TrainConfig:
+    """Everything that defines a training run; saved as `DIR/config.json` and reloaded on `--resume`. Each
+    field is a `phasekv train` option, and its comment is that option's help."""
+
     # --- what to train ---
     arch: str = "W8/S8 · 1 KV"  # paper name or ASCII alias (`w8s8-1kv`)
     preset: str = "tiny"  # backbone preset (tiny | small | qwen3-0.6b)
     data: DataConfig = field(default_factory=DataConfig)  # recall (default), corpus, or a mixture
-    out: str = "runs/run"  # run directory
+    out: str = "runs/run"  # run directory (config, tokenizer, metrics, gates, checkpoints)
     init_from: str | None = None  # start from these weights (run dir or model dir); fresh optimizer and data
     seed: int | None = None  # model init + data order; None = the seed in the model name (42 by default)
     # --- how long ---
@@ -28,12 +31,12 @@ class TrainConfig:
     grad_accum: int = 1  # micro-steps per optimizer step
     seq_len: int = 96  # tokens per sequence
     # --- optimizer (AdamW, linear warmup then cosine to min_lr) ---
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup: int = 100  # warmup steps
-    weight_decay: float = 0.0  # on matrices only (not norms, biases, gate biases)
-    beta1: float = 0.9
-    beta2: float = 0.95
+    lr: float = 3e-3  # peak learning rate
+    min_lr: float = 3e-4  # learning rate at the end of the cosine decay
+    warmup: int = 100  # linear warmup steps
+    weight_decay: float = 0.0  # AdamW weight decay, on matrices only (not norms, biases, gate biases)
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
     grad_clip: float = 1.0  # max global grad norm (0 = off)
     # --- bookkeeping ---
     log_every: int = 10  # metrics.jsonl cadence (steps)

@@ -31,6 +31,7 @@ from rich.table import Table
 from phasekv.config import ModelConfig
 from phasekv.data.sources import DataConfig
 from phasekv.errors import ConfigError, PhaseKVError
+from phasekv.train import loop
 from phasekv.train.checkpoint import latest_checkpoint
 from phasekv.train.config import TrainConfig
 
@@ -41,6 +42,8 @@ DATA_KEYS = set(DataConfig.__dataclass_fields__)
 
 @dataclass
 class SweepRun:
+    """One run of a sweep file: a model (one arch and seed) with its `phasekv train` options."""
+
     name: str  # paper name of the model (with its seed)
     alias: str  # ASCII alias: the run's directory name
     options: dict  # TrainConfig fields (data fields flattened)
@@ -133,8 +136,6 @@ def _select(runs: list[SweepRun], only: str | None) -> list[SweepRun]:
 
 def run_sweep(path: str | Path, only: str | None = None, dry_run: bool = False, **runtime) -> list[dict]:
     """Run every unfinished run of a sweep in turn; returns one row per run (name, status, summary/error)."""
-    from phasekv.train.loop import train
-
     rows = []
     for run in _select(load_sweep(path), only):
         status = run.status()
@@ -145,7 +146,7 @@ def run_sweep(path: str | Path, only: str | None = None, dry_run: bool = False, 
             continue
         console.print(f"[bold]{'resuming' if status == 'partial' else 'starting'}[/] {run.name} -> {run.out}")
         try:
-            row["summary"] = train(run.config(), resume=True, **runtime)
+            row["summary"] = loop.train(run.config(), resume=True, **runtime)
             row["after"] = "done"
         except PhaseKVError as exc:
             row["after"], row["error"] = "failed", str(exc)
@@ -233,7 +234,7 @@ def commands_cmd(
 
 def _submit(run: SweepRun, argv: list[str], nproc: int, nnodes: int) -> None:
     try:
-        import submitit
+        import submitit  # optional dependency, needed only for --submit
     except ImportError:
         raise ConfigError("--submit needs submitit (pip install submitit); --slurm prints sbatch lines instead") from None
     ex = submitit.AutoExecutor(folder=str(run.out / "slurm"))

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from phasekv import ModelConfig, PhaseLM
-from phasekv.analysis.concentration import concentration
 from phasekv.analysis.gates import collect_alpha, gate_stats, offset_phases, pool_phases
+from phasekv.model.concentration import concentration
 
 W = 8
 

@@ -14,11 +14,12 @@ from phasekv.attention.cache import NO_POSITION
 from phasekv.attention.positions import Grid
 from phasekv.config.names import PAPER_GRID
 from phasekv.errors import ConfigError
+from tests.attention.variants import V4_VARIANTS
 
 TOL = 1e-5
 SMALL = dict(preset="tiny", vocab_size=61, n_layers=2, d_model=32, n_heads=8, head_dim=16, d_ff=48)
 EXTRA = ["W8/S8 · 1 KV · staggered windows", "W6/S6 · 2 KV · local window 3", "W5/S2 · 1 KV · uncompressed tail",
-         "W8/S4 · 2 KV · staggered windows · uncompressed tail"]
+         "W8/S4 · 2 KV · staggered windows · uncompressed tail", *V4_VARIANTS]
 VARIANTS = [n for n in PAPER_GRID if not n.startswith("Full") and "seed" not in n] + EXTRA
 
 

@@ -7,9 +7,11 @@ from hypothesis import strategies as st
 
 from phasekv import ModelConfig, PhaseLM
 from phasekv.config.names import PAPER_GRID
+from tests.attention.variants import V4_VARIANTS
 
 SMALL = dict(preset="tiny", vocab_size=61, n_layers=2, d_model=32, n_heads=8, head_dim=16, d_ff=48)
-VARIANTS = PAPER_GRID + ["W8/S8 · 1 KV · staggered windows", "W6/S6 · 2 KV · local window 3", "W5/S2 · 1 KV · uncompressed tail"]
+VARIANTS = PAPER_GRID + ["W8/S8 · 1 KV · staggered windows", "W6/S6 · 2 KV · local window 3", "W5/S2 · 1 KV · uncompressed tail",
+                         *V4_VARIANTS]
 
 
 def decode_all(model, ids, chunks):

@@ -7,7 +7,7 @@ import torch
 
 from phasekv import ModelConfig, PhaseLM
 from phasekv.errors import ConfigError
-from phasekv.mitigate.regulariser import CoverageProbe, coverage_penalty, overlap_penalty, phase_preference
+from phasekv.train.coverage import CoverageProbe, coverage_penalty, overlap_penalty, phase_preference
 
 SMALL = dict(preset="tiny", vocab_size=61, n_layers=1, d_model=32, n_heads=4, head_dim=16, d_ff=48)
 

@@ -21,15 +21,21 @@ Enabled by the model attribute `· coverage reg LAMBDA` (loss = cross-entropy + 
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import torch
 from torch import nn
 
+from phasekv.attention.positions import Grid
+from phasekv.model.gates import GateRead, gate_scores
+
 
 def phase_preference(alpha: torch.Tensor, stride: int, offset: int = 0) -> torch.Tensor:
-    """Static preference over phases (n_kv, S) of gate weights alpha (B, n, W, n_kv, G) of one branch."""
+    """Static preference over phases (n_kv, S) of gate weights alpha (B, n, W, n_kv, G) of one branch whose
+    window grid starts at `offset`."""
     p = alpha.mean(dim=(0, 1, 4))  # (W, n_kv): E[alpha] over windows, channels of vector gates averaged
     W, n_kv = p.shape
-    phase = (offset + torch.arange(W, device=p.device)) % stride  # (W,) phase of each offset
+    phase = Grid(W, stride, offset).offset_phase(torch.arange(W, device=p.device))  # (W,) phase of each offset
     pooled = p.new_zeros(stride, n_kv).index_add(0, phase, p)  # (S, n_kv)
     return pooled.T
 
@@ -48,32 +54,18 @@ class CoverageProbe:
     """Collects every compressed layer's phase preferences during the model's own forward pass.
 
     Usage in a training step:  probe = CoverageProbe(model);  loss = ce(model(ids)) + lam * probe.pop().
-    The gate weights are recomputed from the compressor's input inside a pre-hook (a few small einsums), so
-    it works under DDP/FSDP2 (parameters are gathered for the layer's forward) and with gradient.
+    The gate weights come from `phasekv.model.gates.gate_scores` (recomputed from the compressor's input with
+    gradient, under DDP/FSDP2 too); forwards in eval mode (validation, gate snapshots) are not part of the loss.
     """
 
     def __init__(self, model: nn.Module):
         self.prefs: dict[str, list[torch.Tensor]] = {"key": [], "value": []}  # (n_kv, S) per layer and branch
-        self.handles = []
-        for layer in model.layers:
-            attn = layer.attn
-            if attn.compressor is not None and attn.compressor.key.gate_weight is not None:
-                self.handles.append(attn.register_forward_pre_hook(self._hook(attn)))
+        self._reading = ExitStack()
+        self._reading.enter_context(gate_scores(model, self._read))
 
-    def _hook(self, attn):
-        def pre(module, args):
-            if not module.training:  # validation and gate snapshots are not part of the loss
-                return
-            h = args[0]  # (B, T, d): the compressor's input
-            windows = attn.compressor.windows(h, attn.grid.offset)  # (B, n, W, d)
-            if windows.shape[1] == 0:
-                return
-            for name, branch in (("key", attn.compressor.key), ("value", attn.compressor.value)):
-                if branch is not None:
-                    alpha = branch.gate_scores(windows)  # (B, n, W, n_kv, G)
-                    self.prefs[name].append(phase_preference(alpha, attn.grid.stride, attn.grid.offset))
-
-        return pre
+    def _read(self, read: GateRead) -> None:
+        if read.training and read.gated:
+            self.prefs[read.branch].append(phase_preference(read.alpha, read.grid.stride, read.grid.offset))
 
     def pop(self) -> torch.Tensor:
         """Penalty R of the forward passes since the last pop, averaged over the key and value branches
@@ -83,9 +75,7 @@ class CoverageProbe:
         return torch.stack(terms).mean() if terms else torch.zeros(())
 
     def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = []
+        self._reading.close()
 
 
 @torch.no_grad()

@@ -1,0 +1,54 @@
+"""Gate scores read during a model's own forward pass: the one hook that gate snapshots, the coverage
+regulariser and the gate analyses share.
+
+The scores are recomputed from the compressor's input inside a pre-hook on each compressed attention, so
+the reading works under DDP and FSDP2 (parameters are gathered for the layer's forward), keeps gradients
+when the forward has them, and sees exactly the windows the layer compresses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from phasekv.attention.positions import Grid
+
+
+@dataclass
+class GateRead:
+    """The gate scores of one branch of one compressed layer in one forward pass."""
+
+    layer: int
+    branch: str  # "key" or "value"
+    alpha: torch.Tensor  # (B, n, W, n_kv, G): softmax over the offsets of every window holding W tokens
+    grid: Grid  # the layer's window grid (offset i sits at phase grid.offset_phase(i))
+    gated: bool  # False for uniform averaging (alpha = 1/W, no gate parameters)
+    training: bool  # the attention module's training flag during this forward
+
+
+@contextmanager
+def gate_scores(model: nn.Module, on_read: Callable[[GateRead], None]) -> Iterator[None]:
+    """Inside the block, every forward of `model` (a PhaseLM) calls `on_read` once per compressed layer and
+    branch, in layer order, with at least one complete window."""
+
+    def hook(layer: int):
+        def pre(attn, args):
+            windows = attn.compressor.full_windows(args[0])  # (B, n, W, d) from the normed hidden states
+            if windows.shape[1] == 0:
+                return
+            for name, branch in attn.compressor.named_branches():
+                on_read(GateRead(layer, name, branch.gate_scores(windows), attn.grid, branch.gated, attn.training))
+
+        return pre
+
+    handles = [block.attn.register_forward_pre_hook(hook(i))
+               for i, block in enumerate(model.layers) if block.attn.compressor is not None]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
