@@ -21,8 +21,24 @@ PADDING_HELP = "prefix: all records shift together; in-sequence: random gaps bet
 PER_GROUP_HELP = "Prompts per residue group N; exact mean/variance matching needs a multiple of M^2 (else rounded up)."
 
 
+def model_from_flags(model: Path | None, server: str | None, served_model: str | None, concurrency: int,
+                     device: str, trust_remote_code: bool, tokenizer: Path | None):
+    """The EvalModel of --model (`phasekv.eval.models.load`), or of the model served at --server
+    (`phasekv.eval.engine.connect`): exactly one of the two."""
+    if (model is None) == (server is None):
+        raise ConfigError("give --model DIR, or --server URL with --served-model NAME (one of the two)")
+    if server is not None:
+        from phasekv.eval.engine import connect
+
+        return connect(server, served_model, tokenizer=tokenizer, trust_remote_code=trust_remote_code,
+                       concurrency=concurrency)
+    from phasekv.eval.models import load
+
+    return load(model, device=device, trust_remote_code=trust_remote_code, tokenizer=tokenizer)
+
+
 COMMON = {
-    "model": typer.Option(..., "--model", help=MODEL_HELP),
+    "model": typer.Option(None, "--model", help=MODEL_HELP + " Or --server."),
     "out": typer.Option(..., "--out", help="Output directory (results.parquet, summary.json, accuracy.png)."),
     "seed": typer.Option(0, help="Seed of mappings, positions and filler."),
     "stride": typer.Option(None, help="Stride S for the period tests (default: the model's)."),
@@ -30,6 +46,14 @@ COMMON = {
     "tokenizer": typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
     "trust_remote_code": typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
     "fresh": typer.Option(False, "--fresh", help="Ignore partial results of an interrupted run."),
+}
+ENGINE = {  # a model served by an inference engine instead of --model (phasekv.eval.engine)
+    "server": typer.Option(None, "--server", help="Evaluate the model an inference engine serves at this address "
+                           "(vLLM's OpenAI-compatible server, e.g. http://127.0.0.1:8000) instead of --model."),
+    "served_model": typer.Option(None, "--served-model", help="With --server: the served model's name; its "
+                                 "tokenizer is --tokenizer or the directory the server loaded."),
+    "concurrency": typer.Option(8, "--concurrency", help="With --server: requests in flight (--batch-size prompts "
+                                "each)."),
 }
 
 
@@ -53,20 +77,22 @@ def lookup(
     n_keys: int = typer.Option(None, "--n-keys", help="Use only the first N animal keys (0 = all; default: what a "
                                "phasekv recall run was trained on, else all)."),
     n_values: int = typer.Option(None, "--n-values", help="Use only the first N names (0 = all; default as --n-keys)."),
-    seed: int = COMMON["seed"], stride: int = COMMON["stride"],
+    seed: int = COMMON["seed"], stride: int = COMMON["stride"], device: str = COMMON["device"],
+    tokenizer: Path = COMMON["tokenizer"], trust_remote_code: bool = COMMON["trust_remote_code"],
+    fresh: bool = COMMON["fresh"], server: str = ENGINE["server"], served_model: str = ENGINE["served_model"],
+    concurrency: int = ENGINE["concurrency"],
     interval: str = typer.Option("bootstrap", help="Per-group intervals: bootstrap (over mappings) or wilson."),
     batch_size: int = typer.Option(32, "--batch-size", help="Prompts per forward pass."),
-    device: str = COMMON["device"], tokenizer: Path = COMMON["tokenizer"],
-    trust_remote_code: bool = COMMON["trust_remote_code"], fresh: bool = COMMON["fresh"],
     ensemble: int = typer.Option(1, "--ensemble", help="Phase ensembling: average the answer log-probabilities "
                                  "over K shifts spread over 0..S-1 (K forward passes per prompt; 1 = plain)."),
 ) -> None:
     """Animal-to-name lookup: R records, D demonstrations, the target key; top-1 accuracy per residue."""
     from phasekv.eval.ensemble import phase_ensemble
-    from phasekv.eval.models import load
     from phasekv.eval.prompts import lookup_config
 
-    em = load(model, device=device, trust_remote_code=trust_remote_code, tokenizer=tokenizer)
+    if ensemble != 1 and server is not None:
+        raise ConfigError("--ensemble needs the model in process (--model), not --server")
+    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer)
     cfg = lookup_config(em.info, records=records, demos=demos, padding=padding, filler=filler,
                         modulus=modulus, per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed,
                         marker=marker, n_keys=n_keys, n_values=n_values)
@@ -89,19 +115,19 @@ def needle(
     demos: int = typer.Option(2, help="Demonstration records before the query."),
     separator: str = typer.Option("auto", help="Token ending each record ('auto': first single token of ; , . | and)."),
     mappings: int = typer.Option(16, help="Key-value mappings (bootstrap unit)."),
-    seed: int = COMMON["seed"], stride: int = COMMON["stride"],
     interval: str = typer.Option("wilson", help="Per-group intervals: wilson or bootstrap (over mappings)."),
     batch_size: int = typer.Option(1, "--batch-size", help="Prompts per forward pass."),
-    device: str = COMMON["device"], tokenizer: Path = COMMON["tokenizer"],
-    trust_remote_code: bool = COMMON["trust_remote_code"], fresh: bool = COMMON["fresh"],
+    seed: int = COMMON["seed"], stride: int = COMMON["stride"], device: str = COMMON["device"],
+    tokenizer: Path = COMMON["tokenizer"], trust_remote_code: bool = COMMON["trust_remote_code"],
+    fresh: bool = COMMON["fresh"], server: str = ENGINE["server"], served_model: str = ENGINE["served_model"],
+    concurrency: int = ENGINE["concurrency"],
 ) -> None:
     """Position-matched needle test: one target key near the middle of a long context of records."""
-    from phasekv.eval.models import load
     from phasekv.eval.prompts import needle_config
 
     cfg = needle_config(context=context, records=records, padding=padding, per_group=per_group, keep_n=keep_n,
                         modulus=modulus, demos=demos, mappings=mappings, seed=seed, separator=separator)
-    em = load(model, device=device, trust_remote_code=trust_remote_code, tokenizer=tokenizer)
+    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer)
     _check_stride(stride, modulus)
     _retrieve("needle", em, cfg, out, batch_size, interval, stride, fresh)
 
@@ -133,16 +159,17 @@ def flip(
     stride: int = typer.Option(None, help="Stride S of the pattern (default: the model's)."),
     device: str = COMMON["device"], tokenizer: Path = COMMON["tokenizer"],
     trust_remote_code: bool = COMMON["trust_remote_code"],
+    server: str = ENGINE["server"], served_model: str = ENGINE["served_model"],
+    concurrency: int = ENGINE["concurrency"],
 ) -> None:
     """Filler sweep: P(candidate) as filler grows one token at a time; counts rankings periodic in L mod S."""
     from phasekv.eval.flip import FlipConfig, run_flip
-    from phasekv.eval.models import load
 
     cands = None if candidates is None else [c for c in candidates.split(",") if c.strip()]
     fams = [f for f in _split_families(families) if f]
     cfg = FlipConfig(prompt=prompt, candidates=cands, families=fams, lengths=lengths, start=start, records=records,
                      seed=seed)
-    em = load(model, device=device, trust_remote_code=trust_remote_code, tokenizer=tokenizer)
+    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer)
     print_flip(run_flip(em, cfg, out, stride=stride))
     console.print(f"wrote {out}/results.parquet, summary.json, flip.png")
 
@@ -177,3 +204,20 @@ def _split_families(spec: str) -> list[str]:
 def _check_stride(stride: int | None, modulus: int) -> None:
     if stride is not None and (stride < 1 or modulus % stride):
         raise ConfigError(f"--stride {stride} must divide --modulus {modulus}")
+
+
+def export_command(
+    model: Path = typer.Option(..., "--model", help="A full-attention phasekv run, checkpoint or PhaseLM.save "
+                               "directory."),
+    out: Path = typer.Option(..., "--out", help="Output directory (config.json, model.safetensors, tokenizer)."),
+) -> None:
+    """Export a full-attention model as a Hugging Face Qwen3 directory (transformers, vLLM, SGLang load it) that
+    carries the run's evaluation metadata, so `phasekv eval`/`audit` build the run's prompts for it."""
+    from phasekv.eval.export import export
+
+    export(model, out)
+    console.print(f"wrote {out}/ (config.json with the evaluation metadata, model.safetensors, tokenizer files)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export_command)

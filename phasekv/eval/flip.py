@@ -188,7 +188,7 @@ def _sweep(em: EvalModel, seqs: dict, lengths: list[int], cand_ids: list[list[in
     with progress_bar(progress, len(seqs) * len(lengths), f"flip · {em.name}") as advance:
         for fam, ss in seqs.items():
             for L, ids in zip(lengths, ss, strict=True):
-                lps = candidate_logprobs(em.model, ids, cand_ids)
+                lps = em.candidate_logprobs(ids, cand_ids)
                 win = int(np.argmax(lps))
                 for k, (c, lp) in enumerate(zip(cands, lps, strict=True)):
                     rows.append({"family": fam, "length": L, "tokens": len(ids), "candidate": c, "logprob": lp,

@@ -2,17 +2,20 @@
 
 `EvalModel.last_logits(ids)` returns the next-token logits at the last position only: phasekv models
 prefill long prompts chunk by chunk through their decode cache (memory grows with the cache, not T^2),
-Hugging Face models are asked for the last position's logits only.
+Hugging Face models are asked for the last position's logits only. A model served by an inference engine
+(`phasekv.eval.engine.EngineModel`) scores the same prompts through HTTP requests instead.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from phasekv.eval.tokens import WordTokenizer
+from phasekv.model.hf import EVAL_KEY
 from phasekv.train.run import open_model
 
 PREFILL_CHUNK = 4096  # phasekv prompts longer than this are prefilled through the cache in chunks
@@ -23,12 +26,13 @@ class EvalModel:
     """A model under evaluation with the tokenizer its prompts are placed with: what every evaluation, analysis,
     audit and mitigation takes. `kind` says whose model it is (a PhaseLM or a transformers causal LM, scored
     alike through `last_logits`), `stride` which period to test for, `info` where it came from (written into
-    every summary's provenance). Wrappers such as a phase ensemble replace `model` and keep the rest."""
+    every summary's provenance). Wrappers such as a phase ensemble replace `model` and keep the rest; a served
+    model (`phasekv.eval.engine.EngineModel`, kind "engine") scores through its server instead."""
 
     model: torch.nn.Module
     tok: WordTokenizer
     name: str  # the paper name for phasekv models, the directory / model type for HF
-    kind: str  # "phasekv" | "hf"
+    kind: str  # "phasekv" | "hf" | "engine"
     stride: int | None  # compression stride S (None: full attention or unknown)
     info: dict = field(default_factory=dict)  # provenance: path, config; a phasekv run's recall data and train_len
 
@@ -40,6 +44,18 @@ class EvalModel:
     def last_logits(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, T) -> logits at position T-1, (B, V), float32."""
         return last_logits(self.model, ids)
+
+    def score(self, prompts, protocol: str, batch_size: int = 32):
+        """Rows of scored prompts, a list per batch (`phasekv.eval.run.score` on this model)."""
+        from phasekv.eval.run import score  # run.py imports this module
+
+        return score(self.model, self.tok, prompts, protocol, batch_size)
+
+    def candidate_logprobs(self, ids: list[int], cands: list[list[int]]) -> list[float]:
+        """log P(candidate | ids) per candidate (`phasekv.eval.flip.candidate_logprobs` on this model)."""
+        from phasekv.eval.flip import candidate_logprobs  # flip.py imports this module
+
+        return candidate_logprobs(self.model, ids, cands)
 
 
 @torch.no_grad()
@@ -75,24 +91,42 @@ def load(path: str | Path, device: str | torch.device = "cpu", trust_remote_code
     path = Path(path)
     opened = open_model(path, device=resolve_device(device), trust_remote_code=trust_remote_code,
                         tokenizer=tokenizer)
-    tok = WordTokenizer(opened.tokenizer, str(tokenizer or path))
+    tok, cfg = WordTokenizer(opened.tokenizer, str(tokenizer or path)), opened.model.config
     if opened.kind == "hf":
-        cfg = opened.model.config
         info = {"path": str(path), "config": {k: v for k, v in cfg.to_dict().items()
-                                              if isinstance(v, (int, float, str, bool))}}
-        return EvalModel(opened.model, tok, f"{cfg.model_type}:{path.name}", "hf", _hf_stride(cfg), info)
-    cfg = opened.model.config
-    data = opened.train.get("data")
-    recall = data.get("recall") if isinstance(data, dict) and data.get("data") == "recall" else None
+                                              if isinstance(v, (int, float, str, bool))},
+                **{k: v for k, v in evaluation_info(path).items() if v is not None}}  # an export's run metadata
+        return EvalModel(opened.model, tok, f"{cfg.model_type}:{path.name}", "hf", hf_stride(cfg.to_dict()), info)
     info = {"path": str(path), "weights": str(opened.weights), "config": cfg.to_dict(),
-            "tokenizer": str(tokenizer or "run"), "recall": recall, "train_len": opened.train.get("seq_len")}
+            "tokenizer": str(tokenizer or "run"), **evaluation_info(path)}
     return EvalModel(opened.model, tok, cfg.name, "phasekv", cfg.stride if cfg.compressed else None, info)
 
 
-def _hf_stride(cfg) -> int | None:
+def evaluation_info(path: str | Path) -> dict:
+    """What a run's prompts follow, {"recall": its recall layout and words or None, "train_len": its training
+    length or None}: from a phasekv run's config.json ("train") or an export's (EVAL_KEY, `phasekv export`)."""
+    config = config_json(path)
+    if isinstance(config.get(EVAL_KEY), dict):
+        return {"recall": config[EVAL_KEY].get("recall"), "train_len": config[EVAL_KEY].get("train_len")}
+    train = config.get("train") if isinstance(config.get("train"), dict) else {}
+    data = train.get("data")
+    recall = data.get("recall") if isinstance(data, dict) and data.get("data") == "recall" else None
+    return {"recall": recall, "train_len": train.get("seq_len")}
+
+
+def config_json(directory: str | Path) -> dict:
+    """A directory's config.json as a dict ({} when it is missing, unreadable or not an object)."""
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def hf_stride(config: dict) -> int | None:
     """Compression stride declared by an HF config (DeepSeek-V4-style `compress_ratio` etc.), if any."""
     for key in ("compress_stride", "compression_stride", "compress_ratio"):
-        v = getattr(cfg, key, None)
+        v = config.get(key)
         if isinstance(v, int) and v > 0:
             return v
     return None

@@ -40,7 +40,8 @@ class Protocol:
     build_figure: Callable[[dict, pd.DataFrame], Figure]  # (summary, results) -> that figure
     fit: Callable[..., PromptConfig] | None = None  # (EvalModel, **options) -> prompts sized to fit the model
     interval: str | None = None  # per-group interval a retrieval summary uses unless told
-    audit_kind: str | None = None  # EvalModel.kind `phasekv audit --task auto` runs this protocol on
+    audits: Callable[[EvalModel], bool] | None = None  # whether `phasekv audit --task auto` runs it on a model
+    # (the first retrieval protocol that says yes)
     study: tuple[str | None, ...] = ()  # variants the study runs (paddings; None: the protocol has none)
 
     def stage(self, variant: str | None) -> str:
@@ -54,8 +55,10 @@ class Protocol:
 
 def fit_context(em: EvalModel) -> int:
     """Needle context that fits: the model's position limit, capped by memory (about 1K tokens per GiB of
-    accelerator memory; 2,048 tokens on CPU)."""
-    if em.device.type == "cuda":
+    accelerator memory; 2,048 tokens on CPU; a served model: the server's limit, up to the study's 128K)."""
+    if em.kind == "engine":
+        budget = em.max_len or 131072
+    elif em.device.type == "cuda":
         gib = torch.cuda.get_device_properties(em.device).total_memory / 2**30
         budget = int(gib * 1024)
     else:
@@ -82,6 +85,11 @@ def _fit_needle(em: EvalModel, context: int | None = None, records: int | None =
                          per_group=per_group or 64, **given)
 
 
+def _has_recall_words(em: EvalModel) -> bool:
+    """The lookup needs the words a model was trained on: phasekv models and their exports carry them."""
+    return em.kind == "phasekv" or bool(em.info.get("recall"))
+
+
 def _retrieval_figure(summary: dict, results: pd.DataFrame) -> Figure:
     """One evaluation's accuracy by residue (`residue_figure` of one model)."""
     rows = profile_rows(summary["model"], summary["model"], summary, summary.get("stride"))
@@ -94,9 +102,9 @@ def _flip_figure(summary: dict, results: pd.DataFrame) -> Figure:
 
 
 LOOKUP = Protocol("lookup", retrieval=True, figure="accuracy.png", build_figure=_retrieval_figure, fit=_fit_lookup,
-                  interval="bootstrap", audit_kind="phasekv", study=PADDINGS)
+                  interval="bootstrap", audits=_has_recall_words, study=PADDINGS)
 NEEDLE = Protocol("needle", retrieval=True, figure="accuracy.png", build_figure=_retrieval_figure, fit=_fit_needle,
-                  interval="wilson", audit_kind="hf")
+                  interval="wilson", audits=lambda em: True)
 FLIP = Protocol("flip", retrieval=False, figure="flip.png", build_figure=_flip_figure, study=(None,))
 PROTOCOLS = {p.name: p for p in (LOOKUP, NEEDLE, FLIP)}
 
@@ -118,5 +126,6 @@ def is_retrieval(summary: dict) -> bool:
 
 
 def for_model(em: EvalModel) -> Protocol:
-    """The retrieval protocol the audit runs on a model of this kind by default."""
-    return next(p for p in retrieval_protocols() if p.audit_kind == em.kind)
+    """The retrieval protocol the audit runs on a model by default: the first whose `audits` says yes."""
+    return next(p for p in retrieval_protocols() if p.audits is not None and p.audits(em))
+

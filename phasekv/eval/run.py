@@ -149,7 +149,7 @@ def run_retrieval(task: str, em: EvalModel, cfg: PromptConfig, out: str | Path, 
     new: list[dict] = []
     pending: list[dict] = []
     with progress_bar(progress and rank == 0, len(todo), f"{task} · {em.name}") as advance:
-        for chunk in score(em.model, em.tok, prefetch(prompts.prompt, todo, 2 * batch_size), cfg.padding, batch_size):
+        for chunk in em.score(prefetch(prompts.prompt, todo, 2 * batch_size), cfg.padding, batch_size):
             new.extend(chunk)
             pending.extend(chunk)
             advance(len(chunk))

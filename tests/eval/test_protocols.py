@@ -28,7 +28,7 @@ def toy(monkeypatch):
     def fit(em, context=None, **options):
         return protocols.lookup_config(em.info, **{**options, "demos": 1})
 
-    proto = dataclasses.replace(protocols.LOOKUP, name="toy", fit=fit, study=("prefix",), audit_kind=None)
+    proto = dataclasses.replace(protocols.LOOKUP, name="toy", fit=fit, study=("prefix",), audits=None)
     monkeypatch.setitem(protocols.PROTOCOLS, "toy", proto)
     return proto
 
