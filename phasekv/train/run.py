@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
@@ -38,7 +38,6 @@ class OpenedModel:
     tokenizer: object  # tokenizers.Tokenizer (phasekv directories) or the transformers tokenizer (HF)
     kind: str  # "run" | "phasekv" | "hf"
     weights: Path  # the directory the weights came from (a run's latest complete checkpoint)
-    train: dict = field(default_factory=dict)  # a run's training settings (its config.json "train"); {} else
 
 
 def resolve_model_dir(path: str | os.PathLike) -> tuple[Path, str]:
@@ -112,9 +111,7 @@ def open_model(path: str | os.PathLike, device="cpu", trust_remote_code: bool = 
         return OpenedModel(model, tok, kind, weights)
     model = load_model(weights, map_location=device).eval()
     tok = load_tokenizer(tokenizer) if tokenizer is not None else _tokenizer_for(weights, model.config.vocab_size)
-    train = _config(Path(path)).get("train")
-    return OpenedModel(model, to_hf(tok) if hf_tokenizer else tok, kind, weights,
-                       train if isinstance(train, dict) else {})
+    return OpenedModel(model, to_hf(tok) if hf_tokenizer else tok, kind, weights)
 
 
 def load_run(path: str | os.PathLike, device: str = "cpu", hf_tokenizer: bool = True):
