@@ -14,19 +14,25 @@ from pathlib import Path
 
 import torch
 
-from phasekv.errors import CheckpointError
 from phasekv.eval.tokens import WordTokenizer
 from phasekv.model.hf import EVAL_KEY
+from phasekv.train.run import open_model
 
 PREFILL_CHUNK = 4096  # phasekv prompts longer than this are prefilled through the cache in chunks
 
 
 @dataclass
 class EvalModel:
+    """A model under evaluation with the tokenizer its prompts are placed with: what every evaluation, analysis,
+    audit and mitigation takes. `kind` says whose model it is (a PhaseLM or a transformers causal LM, scored
+    alike through `last_logits`), `stride` which period to test for, `info` where it came from (written into
+    every summary's provenance). Wrappers such as a phase ensemble replace `model` and keep the rest; a served
+    model (`phasekv.eval.engine.EngineModel`, kind "engine") scores through its server instead."""
+
     model: torch.nn.Module
     tok: WordTokenizer
     name: str  # the paper name for phasekv models, the directory / model type for HF
-    kind: str  # "phasekv" | "hf"
+    kind: str  # "phasekv" | "hf" | "engine"
     stride: int | None  # compression stride S (None: full attention or unknown)
     info: dict = field(default_factory=dict)  # provenance: path, config; a phasekv run's recall data and train_len
 
@@ -70,30 +76,30 @@ def last_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return logits[:, -1].float()
 
 
+def resolve_device(spec: str | torch.device) -> str | torch.device:
+    """"auto": cuda when available, else cpu; anything else as given."""
+    if spec == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return spec
+
+
 def load(path: str | Path, device: str | torch.device = "cpu", trust_remote_code: bool = False,
          tokenizer: str | Path | None = None) -> EvalModel:
-    """A phasekv run dir (latest checkpoint), a `PhaseLM.save` dir, or a Hugging Face causal LM dir
-    (classified by `phasekv.train.run.resolve_model_dir`, the loader behind every --model flag)."""
-    from phasekv.train.run import resolve_model_dir
-
-    model_dir, kind = resolve_model_dir(path)
-    if kind == "hf":
-        return _load_hf(Path(path), device, trust_remote_code, tokenizer)
-    return _load_phasekv(Path(path), model_dir, device, tokenizer)
-
-
-def _load_phasekv(path: Path, weights: Path, device, tokenizer) -> EvalModel:
-    from phasekv.data.tokenizer import load_tokenizer
-    from phasekv.train.run import load_run
-
-    model, tok = load_run(path, device=str(device), hf_tokenizer=False)
-    if tokenizer is not None:
-        tok = load_tokenizer(tokenizer)
-    cfg = model.config
-    info = {"path": str(path), "weights": str(weights), "config": cfg.to_dict(), "tokenizer": str(tokenizer or "run"),
-            **evaluation_info(path)}
-    return EvalModel(model, WordTokenizer(tok, str(tokenizer or path)), cfg.name, "phasekv",
-                     cfg.stride if cfg.compressed else None, info)
+    """The EvalModel of a phasekv run dir (latest checkpoint), a `PhaseLM.save` dir or a Hugging Face causal LM
+    dir, opened by the one loader (`phasekv.train.run.open_model`) as the directory holds it; device "auto"
+    picks cuda when available."""
+    path = Path(path)
+    opened = open_model(path, device=resolve_device(device), trust_remote_code=trust_remote_code,
+                        tokenizer=tokenizer)
+    tok, cfg = WordTokenizer(opened.tokenizer, str(tokenizer or path)), opened.model.config
+    if opened.kind == "hf":
+        info = {"path": str(path), "config": {k: v for k, v in cfg.to_dict().items()
+                                              if isinstance(v, (int, float, str, bool))},
+                **{k: v for k, v in evaluation_info(path).items() if v is not None}}  # an export's run metadata
+        return EvalModel(opened.model, tok, f"{cfg.model_type}:{path.name}", "hf", hf_stride(cfg.to_dict()), info)
+    info = {"path": str(path), "weights": str(opened.weights), "config": cfg.to_dict(),
+            "tokenizer": str(tokenizer or "run"), **evaluation_info(path)}
+    return EvalModel(opened.model, tok, cfg.name, "phasekv", cfg.stride if cfg.compressed else None, info)
 
 
 def evaluation_info(path: str | Path) -> dict:
@@ -115,24 +121,6 @@ def config_json(directory: str | Path) -> dict:
     except (OSError, ValueError):
         return {}
     return config if isinstance(config, dict) else {}
-
-
-def _load_hf(path: Path, device, trust_remote_code: bool, tokenizer) -> EvalModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code,
-                                                     use_safetensors=True)  # weights never via pickle
-        tok = AutoTokenizer.from_pretrained(tokenizer or path, local_files_only=True, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        hint = " (pass --trust-remote-code if you trust this model's code)" if "trust_remote_code" in str(exc) else ""
-        raise CheckpointError(f"{path}: not a loadable Hugging Face causal LM ({' '.join(str(exc).split())[:200]}){hint}") from None
-    model = model.to(device).eval()
-    cfg = model.config
-    stride = hf_stride(cfg.to_dict())
-    info = {"path": str(path), "config": {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))},
-            **{k: v for k, v in evaluation_info(path).items() if v is not None}}  # an export's run metadata
-    return EvalModel(model, WordTokenizer(tok, str(tokenizer or path)), f"{cfg.model_type}:{path.name}", "hf", stride, info)
 
 
 def hf_stride(config: dict) -> int | None:

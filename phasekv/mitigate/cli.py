@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from phasekv.eval.cli import ENGINE
+from phasekv.eval.cli import ENGINE, model_from_flags
 
 console = Console()
 
@@ -33,7 +33,8 @@ def compare_command(
     attention; a phase ensemble of k shifts costs k decode passes. Example:
     phasekv compare runs/eval/full runs/eval/w8s8 runs/eval/w8s8-ens8 runs/eval/stagger --out runs/compare
     """
-    from phasekv.mitigate.compare import Bench, compare, table, verdict_lines
+    from phasekv.mitigate.compare import Bench, compare, table
+    from phasekv.mitigate.criteria import verdict_lines
 
     bench = Bench(reps=bench_reps, decode_context=decode_context)
     s = compare(runs, out, reference=reference, baseline=baseline, protocol=padding, context=context,
@@ -72,10 +73,9 @@ def audit_command(
 
     Example: phasekv audit --model runs/w8s8 --stride 8 --max-gap 10
     """
-    from phasekv.eval.cli import _load
     from phasekv.mitigate.audit import print_verdict, run_audit
 
-    em = _load(model, device, trust_remote_code, tokenizer, server, served_model, concurrency)
+    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer)
     out = out or Path(f"audit-{Path(model).resolve().name if model else served_model}")
     v = run_audit(em, out, stride=stride, max_gap=max_gap, task=task, per_group=per_group, modulus=modulus,
                   context=context, records=records, demos=demos, filler=filler, seed=seed, batch_size=batch_size)
