@@ -107,7 +107,8 @@ def needle(
     model: Path = COMMON["model"],
     out: Path = COMMON["out"],
     context: int = typer.Option(131072, help="Context tokens per prompt (special tokens not counted)."),
-    records: int = typer.Option(16000, help="Four-token key-value records in the context."),
+    records: int = typer.Option(None, help="Four-token key-value records in the context (default: the study's "
+                                "density, 16,000 per 131,072 tokens of --context: 125 at 1,024)."),
     padding: str = typer.Option("in-sequence", help=PADDING_HELP),
     per_group: int = typer.Option(256, "--per-group", help=PER_GROUP_HELP),
     keep_n: bool = typer.Option(False, "--keep-n", help="Keep a non-multiple N (sampled design, spread reported)."),
@@ -127,6 +128,9 @@ def needle(
 
     cfg = needle_config(context=context, records=records, padding=padding, per_group=per_group, keep_n=keep_n,
                         modulus=modulus, demos=demos, mappings=mappings, seed=seed, separator=separator)
+    if records is None:
+        console.print(f"needle: {cfg.records} records in {context} tokens (the study's density, 16,000 per 131,072; "
+                      "--records to choose)")
     em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer)
     _check_stride(stride, modulus)
     _retrieve("needle", em, cfg, out, batch_size, interval, stride, fresh)

@@ -110,7 +110,8 @@ def evaluation_info(path: str | Path) -> dict:
         return {"recall": config[EVAL_KEY].get("recall"), "train_len": config[EVAL_KEY].get("train_len")}
     train = config.get("train") if isinstance(config.get("train"), dict) else {}
     data = train.get("data")
-    recall = data.get("recall") if isinstance(data, dict) and data.get("data") == "recall" else None
+    mixed = isinstance(data, dict) and (data.get("data") == "recall" or bool(data.get("recall_mix")))
+    recall = data.get("recall") if mixed else None  # recall alone or mixed into text: the words it was trained on
     return {"recall": recall, "train_len": train.get("seq_len")}
 
 

@@ -276,12 +276,21 @@ def lookup_config(model_info: dict | None = None, **kw) -> PromptConfig:
     return PromptConfig(**{**own, **given})
 
 
-def needle_config(context: int = 131072, records: int = 16000, **kw) -> PromptConfig:
+NEEDLE_DENSITY = 16000 / 131072  # records per context token in the study's needle test (16,000 in 128K)
+
+
+def needle_records(context: int) -> int:
+    """The study's record count scaled to `context` tokens (its density; at least 16): 125 at 1,024."""
+    return max(16, round(context * NEEDLE_DENSITY))
+
+
+def needle_config(context: int = 131072, records: int | None = None, **kw) -> PromptConfig:
     """The needle test: four-token records (two-animal key, name, separator), M = 8, N = 256; `context`
     tokens (special tokens not counted), the part not taken by records is filler spread between them;
-    the target sits near the middle."""
+    the target sits near the middle. Records: the study's density unless given (`needle_records`)."""
     kw = {"modulus": 8, "per_group": 256, "padding": "in-sequence", "demos": 2, "separator": "auto",
           "balance": 0.02, **kw}
+    records = needle_records(context) if records is None else records
     record_len = 2 + 1 + (kw["separator"] is not None)
     filler = context - (records + kw["demos"]) * record_len - 2
     if filler < record_len - 1:

@@ -26,8 +26,6 @@ from phasekv.eval.report import flip_figure, flip_rows, profile_rows, residue_fi
 if TYPE_CHECKING:  # the registry is read by the report and the demo, which load no model
     from phasekv.eval.models import EvalModel
 
-NEEDLE_DENSITY = 16000 / 131072  # records per context token in the study's needle test
-
 
 @dataclass(frozen=True)
 class Protocol:
@@ -81,8 +79,7 @@ def _fit_needle(em: EvalModel, context: int | None = None, records: int | None =
     record density and N = 64 = 8^2 (exact moment matching at M = 8); filler follows from the context."""
     ctx = context or fit_context(em)
     given = {k: v for k, v in options.items() if v is not None}
-    return needle_config(context=ctx, records=records or max(16, round(ctx * NEEDLE_DENSITY)),
-                         per_group=per_group or 64, **given)
+    return needle_config(context=ctx, records=records, per_group=per_group or 64, **given)
 
 
 def _has_recall_words(em: EvalModel) -> bool:

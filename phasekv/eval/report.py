@@ -45,6 +45,10 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     console.print(summary_line(summary))
     if summary.get("design_notice"):
         console.print(f"[yellow]notice:[/] {summary['design_notice']}")
+    words = summary.get("provenance", {}).get("words") or {}
+    if words.get("source") == "vocab":
+        console.print(f"prompt words: the tokenizer's own single-token words (the shipped lists are split), keys "
+                      f"{', '.join(words['keys'][:6])}, ...; values {', '.join(words['values'][:6])}, ...")
 
 
 def profile_rows(alias: str, name: str, summary: dict, stride: int | None) -> pd.DataFrame:

@@ -98,3 +98,40 @@ def test_torchrun_cli_two_ranks_equals_one(model_dir, tmp_path):
     assert two.returncode == 0, two.stderr[-2000:]
     a, b = (pd.read_parquet(tmp_path / d / "results.parquet") for d in ("one", "two"))
     pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-5)
+
+
+def test_cli_needle_scales_records_with_the_context(model_dir, tmp_path):
+    out = tmp_path / "needle"
+    res = CliRunner().invoke(app, ["needle", "--model", str(model_dir), "--out", str(out), "--context", "1024",
+                                   "--modulus", "4", "--per-group", "16", "--mappings", "4", "--device", "cpu",
+                                   "--batch-size", "16"])
+    assert res.exit_code == 0, res.output
+    assert "125 records in 1024 tokens" in res.output  # 16,000 per 131,072 tokens
+    s = json.loads((out / "summary.json").read_text())
+    assert s["records"] == 125 and s["prompt_length"] == 1 + 1024 and s["n_prompts"] == 64
+
+
+def test_text_mixture_run_is_evaluated_on_its_own_words(tmp_path):
+    """`phasekv train --data python-docs --recall-mix P` with a BPE that splits the animals: its recall data and
+    its lookup and needle prompts take the same single-token words of the BPE, reported in summary.json."""
+    from phasekv.data.corpus import iter_corpus
+    from phasekv.data.recall import RecallConfig, recall_words
+    from phasekv.data.tokenizer import load_tokenizer, train_bpe
+    from phasekv.train import train
+
+    save_tokenizer(train_bpe(iter_corpus("python-docs"), vocab_size=1024, show_progress=False), tmp_path / "bpe")
+    run = tmp_path / "run"
+    train(out=str(run), data="python-docs", tokenizer=str(tmp_path / "bpe"), recall_mix=0.5, steps=2, preset="tiny",
+          batch_size=4, seq_len=96, val_sequences=4, gate_probe=2, progress=False, threads=1,
+          cache_dir=str(tmp_path / "cache"), workers=1)
+    source, trained = recall_words(RecallConfig(), load_tokenizer(run / "tokenizer.json"))
+    assert source == "vocab" and len(trained["keys"]) == 32
+    for task, extra in (("lookup", ["--per-group", "16", "--modulus", "4", "--mappings", "4"]),
+                        ("needle", ["--context", "256", "--per-group", "16", "--modulus", "4", "--mappings", "4"])):
+        res = CliRunner().invoke(app, [task, "--model", str(run), "--out", str(tmp_path / task), "--device", "cpu",
+                                       *extra])
+        assert res.exit_code == 0, res.output
+        words = json.loads((tmp_path / task / "summary.json").read_text())["provenance"]["words"]
+        assert words["source"] == "vocab"
+        if task == "lookup":  # the run's 32 recall keys and values, as it was trained on them
+            assert (words["keys"], words["values"]) == (trained["keys"], trained["values"])

@@ -5,8 +5,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from phasekv.data.tokenizer import build_word_tokenizer, to_hf, train_bpe
 from phasekv.errors import DataError
-from phasekv.eval.models import load
 from phasekv.eval.design import group_moments
+from phasekv.eval.models import load
 from phasekv.eval.prompts import PromptConfig, RetrievalPrompts, lookup_config, needle_config
 from phasekv.eval.run import evaluate
 from phasekv.eval.tokens import WordTokenizer, word_list
