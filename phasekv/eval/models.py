@@ -64,7 +64,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", trust_remote_code
 
     model_dir, kind = resolve_model_dir(path)
     if kind == "hf":
-        return _load_hf(Path(path), device, trust_remote_code, tokenizer)
+        return _load_hf(model_dir, device, trust_remote_code, tokenizer, name=Path(path).name)
     return _load_phasekv(Path(path), model_dir, device, tokenizer)
 
 
@@ -94,7 +94,7 @@ def _run_train(path: Path) -> dict:
     return train if isinstance(train, dict) else {}
 
 
-def _load_hf(path: Path, device, trust_remote_code: bool, tokenizer) -> EvalModel:
+def _load_hf(path: Path, device, trust_remote_code: bool, tokenizer, name: str | None = None) -> EvalModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -108,7 +108,7 @@ def _load_hf(path: Path, device, trust_remote_code: bool, tokenizer) -> EvalMode
     cfg = model.config
     stride = _hf_stride(cfg)
     info = {"path": str(path), "config": {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}}
-    return EvalModel(model, WordTokenizer(tok, str(tokenizer or path)), f"{cfg.model_type}:{path.name}", "hf", stride, info)
+    return EvalModel(model, WordTokenizer(tok, str(tokenizer or path)), f"{cfg.model_type}:{name or path.name}", "hf", stride, info)
 
 
 def _hf_stride(cfg) -> int | None:
