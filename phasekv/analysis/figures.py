@@ -66,14 +66,16 @@ def concentration_plane(heads: pd.DataFrame, paths: pd.DataFrame | None, path: P
                         trace: list[tuple[int, int]] | None = None) -> None:
     """Key gates placed by static (x) and per-window (y) effective offsets (large points, black edge);
     training paths of `trace` heads (None: all) from the first snapshot (open circle) to the last (small
-    filled circle)."""
+    filled circle). Layers with different windows (DeepSeek-V4's CSA and HCA) share the axes up to the
+    largest window, each window marked."""
     key = heads[heads["branch"] == "key"]
-    W = int(key["window"].iloc[0])
+    W = int(key["window"].max())
     n_layers = int(max(key["layer"].max(), paths["layer"].max() if paths is not None else 0)) + 1
     cmap = plt.get_cmap("viridis")
     fig, ax = plt.subplots(figsize=(5.2, 4.6))
     ax.plot([1, W], [1, W], "--", color="gray", lw=1, label="same scores in every window")
-    ax.axvline(W, color="black", lw=1.5, ls=":", label="uniform on average (right edge)")
+    for w in sorted(set(key["window"].astype(int))):
+        ax.axvline(w, color="black", lw=1.5, ls=":", label="uniform on average (right edge)" if w == W else None)
     if paths is not None:
         pk = paths[paths["branch"] == "key"]
         for (layer, kv), g in pk.groupby(["layer", "kv_head"]):
@@ -102,13 +104,14 @@ def concentration_plane(heads: pd.DataFrame, paths: pd.DataFrame | None, path: P
 
 def head_panel(heads: pd.DataFrame, phases: pd.DataFrame, ko: pd.DataFrame | None, path: Path, title: str) -> None:
     """Per KV head (rows): static concentration of its key gate | key and value (shifted back one offset)
-    gate scores by phase relative to uniform | knockout effect by phase."""
+    gate scores by phase relative to uniform | knockout effect by phase. DeepSeek-V4: an indexer column
+    (its CSA layers only); layers of different strides share the phase axis up to the largest."""
     key = heads[heads["branch"] == "key"].sort_values(["layer", "kv_head"])
     rows = list(zip(key["layer"], key["kv_head"], strict=True))
-    W, S = int(key["window"].iloc[0]), int(key["stride"].iloc[0])
-    overlap = W > S
+    W, S = int(key["window"].max()), int(key["stride"].max())
+    overlap = bool((key["window"] > key["stride"]).any())  # static_phase = static where W = S
     conc_col, conc_max = ("static_phase", S) if overlap else ("static", W)
-    branches = [b for b in ("key", "value") if (phases["branch"] == b).any()]
+    branches = [b for b in ("key", "value", "indexer") if (phases["branch"] == b).any()]
     ncol = 1 + len(branches) + (ko is not None)
     fig, axes = plt.subplots(1, ncol, figsize=(1.4 + 0.35 * S * (ncol - 1) + 1.0, 1.0 + 0.3 * max(len(rows), 3)),
                              gridspec_kw={"width_ratios": [1.2] + [S] * (ncol - 1)}, squeeze=False)
@@ -124,7 +127,7 @@ def head_panel(heads: pd.DataFrame, phases: pd.DataFrame, ko: pd.DataFrame | Non
     lim = np.log2(W)
     for ax, b in zip(axes[1:], branches, strict=False):
         p = phases[phases["branch"] == b].pivot_table(index=["layer", "kv_head"], columns="phase", values="score_rel")
-        mat = np.log2(np.maximum(p.reindex(rows).to_numpy(dtype=float), 1e-9))
+        mat = np.log2(np.maximum(p.reindex(index=rows, columns=range(S)).to_numpy(dtype=float), 1e-9))
         im = ax.imshow(np.clip(mat, -lim, lim), cmap=SCORE_CMAP, vmin=-lim, vmax=lim, aspect="auto")
         ax.set_yticks([])
         ax.set_xticks(range(S), [str(s) for s in range(S)], fontsize=7)

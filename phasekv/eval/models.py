@@ -64,7 +64,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", trust_remote_code
 
     model_dir, kind = resolve_model_dir(path)
     if kind == "hf":
-        return _load_hf(model_dir, device, trust_remote_code, tokenizer, name=Path(path).name)
+        em = _load_hf(model_dir, device, trust_remote_code, tokenizer, name=Path(path).name)
+        em.info.update(_run_info(Path(path)), path=str(path))  # a `phasekv train --hf-config` run's data
+        return em
     return _load_phasekv(Path(path), model_dir, device, tokenizer)
 
 
@@ -76,13 +78,20 @@ def _load_phasekv(path: Path, weights: Path, device, tokenizer) -> EvalModel:
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     cfg = model.config
-    train = _run_train(path)
-    data = train.get("data")
-    recall = data.get("recall") if isinstance(data, dict) and data.get("data") == "recall" else None
     info = {"path": str(path), "weights": str(weights), "config": cfg.to_dict(), "tokenizer": str(tokenizer or "run"),
-            "recall": recall, "train_len": train.get("seq_len")}
+            "recall": None, "train_len": None, **_run_info(path)}
     return EvalModel(model, WordTokenizer(tok, str(tokenizer or path)), cfg.name, "phasekv",
                      cfg.stride if cfg.compressed else None, info)
+
+
+def _run_info(path: Path) -> dict:
+    """{recall, train_len} of a training run (its recall layout and sequence length), {} for a model dir."""
+    train = _run_train(path)
+    if not train:
+        return {}
+    data = train.get("data")
+    recall = data.get("recall") if isinstance(data, dict) and data.get("data") == "recall" else None
+    return {"recall": recall, "train_len": train.get("seq_len")}
 
 
 def _run_train(path: Path) -> dict:

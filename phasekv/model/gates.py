@@ -80,3 +80,11 @@ def _hf_hooks(model: nn.Module, on_read: Callable[[GateRead], None]) -> list:
         mirror = compressor_from_hf(site.module, model.config).to(device)
         handles.append(site.module.register_forward_pre_hook(hook(site, mirror)))
     return handles
+
+
+def gate_grids(model: nn.Module) -> dict[tuple[int, str], Grid]:
+    """The window grid of every (layer, branch) that `gate_scores` reads on `model`."""
+    if isinstance(getattr(model, "config", None), ModelConfig):
+        return {(i, name): block.attn.grid for i, block in enumerate(model.layers) if block.attn.compressor is not None
+                for name, _ in block.attn.compressor.named_branches()}
+    return {(site.layer, site.branch): site.grid for site in v4_sites(model)}
