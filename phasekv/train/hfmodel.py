@@ -3,8 +3,8 @@ config.json`, or `--hf-model DIR` to continue from weights).
 
 The model is built with `AutoModelForCausalLM.from_config` under the run seed (fp32), or loaded from a local
 safetensors directory. Each checkpoint is a `save_pretrained` directory (config.json + model.safetensors)
-with the run's tokenizer saved beside it (`PreTrainedTokenizerFast.save_pretrained`), so
-`AutoModelForCausalLM.from_pretrained(checkpoint)` and `AutoTokenizer.from_pretrained(checkpoint)` load it;
+with the run's tokenizer saved beside it (`PreTrainedTokenizerFast.save_pretrained`), so transformers'
+AutoModelForCausalLM and AutoTokenizer load the checkpoint directory with their `from_pretrained`;
 optimizer.pt and trainer_state.json make it resumable like a PhaseLM checkpoint. Gate snapshots are taken
 where the model has DeepSeek-V4 compressors (`phasekv.model.gates`).
 """
