@@ -197,6 +197,16 @@ class Compressor(nn.Module, ABC):
     rope_layout = "leading"  # RoPE layout of the whole layer (queries, exact keys, entries); see rope.Rope
     applies_k_norm = True  # entries get the layer's key QK-norm before RoPE
 
+    @staticmethod
+    def learns_gates(cfg: ModelConfig) -> bool:
+        """Whether a compressor of `cfg` has learned gate parameters (no: uniform averaging)."""
+        return cfg.gate != "uniform"
+
+    @staticmethod
+    def has_offset_gates(cfg: ModelConfig) -> bool:
+        """Whether it has offset-specific gate parameters: what gate cycling rolls (`cycled_params`)."""
+        return cfg.gate != "uniform"
+
     def __init__(self, grid: Grid, rope: Rope):
         super().__init__()
         self.grid, self.rope = grid, rope  # the layer's window grid and RoPE
@@ -269,6 +279,14 @@ class V4Compressor(Compressor):
     rope_layout = "trailing"
     applies_k_norm = False
 
+    @staticmethod
+    def learns_gates(cfg: ModelConfig) -> bool:
+        return True  # gate_proj, shared by every slot
+
+    @staticmethod
+    def has_offset_gates(cfg: ModelConfig) -> bool:
+        return cfg.gate_bias  # the slot bias is V4's only offset-specific gate term
+
     def __init__(self, cfg: ModelConfig, grid: Grid, rope: Rope):
         super().__init__(grid, rope)
         self.key = V4Branch(cfg)
@@ -291,6 +309,16 @@ def layer_grid(cfg: ModelConfig, layer: int) -> Grid:
     window (W = 2S) ends with its current block: the grid starts at -S and entry j is positioned at jS."""
     lead = cfg.window - cfg.stride if cfg.compressor == "v4" else 0  # tokens before the entry's RoPE position
     return Grid(cfg.window, cfg.stride, cfg.grid_offset(layer) - lead, cfg.local_window, rope_at=lead)
+
+
+def learned_gates(cfg: ModelConfig) -> bool:
+    """Whether `cfg` is compressed with learned gates (what gate statistics read), asked of its variant."""
+    return cfg.compressed and COMPRESSORS[cfg.compressor].learns_gates(cfg)
+
+
+def cyclable(cfg: ModelConfig) -> bool:
+    """Whether gate cycling applies to `cfg`: W = S and offset-specific gate parameters, asked of its variant."""
+    return cfg.compressed and cfg.window == cfg.stride and COMPRESSORS[cfg.compressor].has_offset_gates(cfg)
 
 
 def layer_rope(cfg: ModelConfig) -> Rope:

@@ -66,3 +66,19 @@ def test_slot_bias_gets_no_weight_decay():
     biases = [b.attn.compressor.key.position_bias for b in model.layers]
     assert all(any(p is b for p in no_decay["params"]) for b in biases)
     assert not any(p is b for b in biases for p in decay["params"])
+
+
+def test_variant_gate_facts_match_the_modules():
+    """`learned_gates` / `cyclable` (asked of the config's variant, for code that loads no model) agree with
+    the compressor modules."""
+    from phasekv.analysis.cycling import gate_params
+    from phasekv.attention.compressor import cyclable, learned_gates
+
+    for name in ("W8/S8 · 1 KV", "W8/S8 · 1 KV · uniform averaging", "W8/S4 · 1 KV", "Full attention · 1 KV",
+                 "W8/S8 · 1 KV · V4 compressor", "W8/S8 · 1 KV · V4 compressor · no slot bias",
+                 "W8/S4 · 1 KV · V4 compressor"):
+        cfg = ModelConfig.from_name(name, preset="tiny", vocab_size=64)
+        model = PhaseLM(cfg)
+        comp = model.layers[0].attn.compressor
+        assert learned_gates(cfg) == (comp is not None and comp.gated)
+        assert cyclable(cfg) == (cfg.window == cfg.stride and bool(gate_params(model)))
