@@ -46,6 +46,7 @@ def _mount() -> None:
     app.add_typer(theory_cli.app, name="theory")
     app.add_typer(analysis_cli.app, name="analyze")
     app.add_typer(eval_cli.app, name="eval")
+    eval_cli.register(app)  # export
     train_cli.register(app)  # train, sweep, tokenizer
     mitigate_cli.register(app)  # compare, audit
 

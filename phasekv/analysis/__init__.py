@@ -7,5 +7,10 @@
   in `phasekv.model.concentration`.
 - `phasekv.analysis.cycling`: gate cycling by delta with R^2 excluding the boundary phase (`analyze_cycle`,
   `cycled`, `run_cycling`).
-- `phasekv.analysis.figures`: the knockout map, the concentration plane, the per-head panel, cycling figures.
+- `phasekv.analysis.figures`: one builder per figure (knockout map, concentration plane, gates beside
+  knockouts, gate cycling, R² grid), used for the PNGs here and by the report.
+
+Layer: above `phasekv.eval`, whose prompts, scoring, model loading and figure spec it reuses (an analysis is
+an evaluation with hooks on the model), below `mitigate`, `theory`, `report` and `demo`: the report draws
+these figures from the tables the analyses write, so the builders sit with the analyses, not above them.
 """

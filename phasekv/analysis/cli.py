@@ -7,21 +7,16 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from phasekv.errors import ConfigError
+
+# the commands import their work (torch, models, analyses) when they run: `phasekv --help` stays fast
+
 app = typer.Typer(help="Mechanism analyses: KV-head knockouts by phase, gate concentration, gate cycling.",
                   no_args_is_help=True)
 console = Console()
 
 MODEL_HELP = ("phasekv run dir, checkpoint / PhaseLM.save dir, or a Hugging Face decoder dir (any decoder for "
               "knockout; DeepSeek-V4 for gates and cycle).")
-
-
-def _load(model: Path, device: str, trust_remote_code: bool = False):
-    import torch
-
-    from phasekv.eval.models import load
-
-    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    return load(model, device=dev, trust_remote_code=trust_remote_code)
 
 
 def _prompts(em, records: int | None, demos: int | None, padding: str, filler: int | None, modulus: int,
@@ -70,11 +65,11 @@ def knockout_cmd(
     """Mean-ablate each KV head (or each layer's attention output) at the query token and measure lookup
     accuracy per residue relative to clean; writes results.parquet, summary.json, knockout_map.png."""
     from phasekv.analysis.knockout import analyze_knockout
-    from phasekv.errors import ConfigError
+    from phasekv.eval.models import load
 
     if n_cal < 1 or final_tokens < 1:
         raise ConfigError("--n-cal and --final-tokens must be >= 1")
-    em = _load(model, device, trust_remote_code)
+    em = load(model, device=device, trust_remote_code=trust_remote_code)
     cfg = _prompts(em, records, demos, padding, filler, modulus, per_group, keep_n, mappings, seed)
     try:
         only = None if layers is None else [int(x) for x in layers.split(",") if x.strip()]
@@ -105,11 +100,11 @@ def gates_cmd(
     """Static exp(H(E[α])) and per-window E[exp(H(α))] concentration of every key/value gate, gate scores by
     phase; the concentration plane with training paths and the per-head panel figure."""
     from phasekv.analysis.gates import analyze_gates
-    from phasekv.errors import ConfigError
+    from phasekv.eval.models import load
 
     if n_prompts < 1:
         raise ConfigError("--n-prompts must be >= 1")
-    em = _load(model, device)
+    em = load(model, device=device)
     cfg = _prompts(em, records, demos, padding, filler, modulus, per_group, keep_n, mappings, seed)
     s = analyze_gates(em, cfg, out, n_prompts, batch_size, knockout, trace, progress)
     console.print(f"[bold]{s['model']}[/]: gates over {s['n_prompts']} prompts -> {out}")
@@ -120,7 +115,6 @@ def gates_cmd(
 
 
 def _deltas(spec: str) -> list[int]:
-    from phasekv.errors import ConfigError
 
     try:
         if ".." in spec:
@@ -146,8 +140,9 @@ def cycle_cmd(
     position_bias), compare accuracy by phase with the prediction A_δ(r) = A_0((r-δ) mod S); R² excluding the
     boundary phase with a bootstrap 95% interval."""
     from phasekv.analysis.cycling import analyze_cycle
+    from phasekv.eval.models import load
 
-    ems = [_load(m, device) for m in model]
+    ems = [load(m, device=device) for m in model]
     # one prompt set for the whole grid, over the first model's words
     cfg = _prompts(ems[0], records, demos, padding, filler, modulus, per_group, keep_n, mappings, seed)
     s = analyze_cycle(ems, cfg, out, _deltas(delta), batch_size, n_boot, progress)

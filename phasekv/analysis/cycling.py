@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 
 from phasekv.analysis.common import as_eval_model, progress_bar, prompt_config, provenance, write_outputs
+from phasekv.attention.compressor import cyclable
 from phasekv.errors import ConfigError
 from phasekv.eval.run import evaluate
 from phasekv.eval.stats import bootstrap_profiles, group_table
@@ -41,12 +42,10 @@ def check_cyclable(model) -> None:
                               f"DeepSeek-V4 model with compressors")
         return
     cfg = model.config
-    if not cfg.compressed or any(p.shape[0] != cfg.stride for p in gate_params(model)):
-        raise ConfigError(f"{cfg.name}: gate cycling needs a compressed model with W = S (window {cfg.window}, "
-                          f"stride {cfg.stride}) or V4's slot bias")
-    if not gate_params(model):
-        raise ConfigError(f"{cfg.name}: no offset-specific gate parameters to cycle (uniform averaging, or a "
-                          f"V4 compressor without its slot bias)")
+    if not cyclable(cfg):
+        raise ConfigError(f"{cfg.name}: gate cycling needs a compressed model with offset-specific gate parameters "
+                          f"and W = S (window {cfg.window}, stride {cfg.stride}) or V4's slot bias (not uniform "
+                          f"averaging, nor a V4 compressor without its slot bias)")
 
 
 def gate_params(model) -> list[torch.nn.Parameter]:

@@ -35,6 +35,7 @@ from phasekv.analysis.common import (
     write_outputs,
 )
 from phasekv.analysis.knockout import spread_pids
+from phasekv.attention.compressor import learned_gates
 from phasekv.attention.positions import Grid
 from phasekv.errors import ConfigError, DataError
 from phasekv.eval.prompts import RetrievalPrompts
@@ -224,7 +225,7 @@ def analyze_gates(em, cfg, out, n_prompts: int = 256, batch_size: int = 32, knoc
         "provenance": provenance(em, cfg, prompt_ids=f"{len(pids)} spread over {len(prompts)}"),
     }
     out = Path(out)
-    if gate != "uniform":
+    if not isinstance(model, PhaseLM) or learned_gates(model.config):  # V4 gates are always learned
         concentration_plane(heads, paths, out / "concentration_plane.png",
                             f"{em.name} · key gates" + (" (per channel, averaged)" if gate == "vector" else ""),
                             traced)

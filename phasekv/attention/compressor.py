@@ -36,6 +36,7 @@ from phasekv.attention.rope import Rope
 from phasekv.config import ModelConfig
 
 OffsetParams = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+GATE_BIAS_NAMES = ("gate_bias", "position_bias")  # the variants' gate-bias parameters (biases: no weight decay)
 
 
 @dataclass
@@ -195,6 +196,17 @@ class Compressor(nn.Module, ABC):
 
     rope_layout = "leading"  # RoPE layout of the whole layer (queries, exact keys, entries); see rope.Rope
     applies_k_norm = True  # entries get the layer's key QK-norm before RoPE
+    slot_gates = False  # offset-specific gate parameters have one row per slot of S (cyclable at any W), not per offset
+
+    @staticmethod
+    def learns_gates(cfg: ModelConfig) -> bool:
+        """Whether a compressor of `cfg` has learned gate parameters (no: uniform averaging)."""
+        return cfg.gate != "uniform"
+
+    @staticmethod
+    def has_offset_gates(cfg: ModelConfig) -> bool:
+        """Whether it has offset-specific gate parameters: what gate cycling rolls (`cycled_params`)."""
+        return cfg.gate != "uniform"
 
     def __init__(self, grid: Grid, rope: Rope):
         super().__init__()
@@ -267,6 +279,15 @@ class V4Compressor(Compressor):
 
     rope_layout = "trailing"
     applies_k_norm = False
+    slot_gates = True  # position_bias: S slots, shared by both halves of a W = 2S window
+
+    @staticmethod
+    def learns_gates(cfg: ModelConfig) -> bool:
+        return True  # gate_proj, shared by every slot
+
+    @staticmethod
+    def has_offset_gates(cfg: ModelConfig) -> bool:
+        return cfg.gate_bias  # the slot bias is V4's only offset-specific gate term
 
     def __init__(self, cfg: ModelConfig, grid: Grid, rope: Rope):
         super().__init__(grid, rope)
@@ -290,6 +311,18 @@ def layer_grid(cfg: ModelConfig, layer: int) -> Grid:
     window (W = 2S) ends with its current block: the grid starts at -S and entry j is positioned at jS."""
     lead = cfg.window - cfg.stride if cfg.compressor == "v4" else 0  # tokens before the entry's RoPE position
     return Grid(cfg.window, cfg.stride, cfg.grid_offset(layer) - lead, cfg.local_window, rope_at=lead)
+
+
+def learned_gates(cfg: ModelConfig) -> bool:
+    """Whether `cfg` is compressed with learned gates (what gate statistics read), asked of its variant."""
+    return cfg.compressed and COMPRESSORS[cfg.compressor].learns_gates(cfg)
+
+
+def cyclable(cfg: ModelConfig) -> bool:
+    """Whether gate cycling applies to `cfg`: offset-specific gate parameters, one row per phase (W = S, or
+    per-slot gates such as V4's slot bias at any W), asked of its variant."""
+    variant = COMPRESSORS[cfg.compressor]
+    return cfg.compressed and (cfg.window == cfg.stride or variant.slot_gates) and variant.has_offset_gates(cfg)
 
 
 def layer_rope(cfg: ModelConfig) -> Rope:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from phasekv.config.names import parse_name
+
 
 @dataclass
 class DemoPlan:
@@ -53,8 +55,6 @@ class DemoPlan:
 
     def steps_of(self, model: str) -> int:
         """Optimizer steps of `model` (any spelling of a name: paper name or alias)."""
-        from phasekv.config.names import parse_name
-
         more = {tuple(sorted(parse_name(m).items())): n for m, n in self.more_steps.items()}
         return more.get(tuple(sorted(parse_name(model).items())), self.steps)
 

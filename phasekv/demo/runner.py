@@ -19,6 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -29,12 +30,16 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from phasekv import __version__
+from phasekv.attention.compressor import cyclable
 from phasekv.config import ModelConfig
 from phasekv.demo import stages
 from phasekv.demo.plan import DemoPlan, plan_for
 from phasekv.errors import ConfigError, PhaseKVError
+from phasekv.eval.protocols import LOOKUP, PROTOCOLS
 from phasekv.io import write_json
 from phasekv.report.layout import THEORY_CHECKS, Layout, done
+from phasekv.report.render import render_report
 
 console = Console()
 
@@ -121,27 +126,28 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
         tasks.append(Task(f"train {alias}", stages.train_model, {"plan": p, "arch": cfg.name, "run_dir": run},
                           lambda run=lay.run(alias): (run / "done.json").is_file(),
                           steps=lambda run=lay.run(alias), n=plan.steps_of(cfg.name): (_last_step(run), n)))
-        for padding in ("prefix", "in-sequence"):
-            out = lay.lookup(padding, alias)
-            tasks.append(Task(f"lookup {padding} {alias}", stages.lookup,
-                              {"plan": p, "run_dir": run, "out": str(out), "padding": padding},
+        for proto, padding in ((q, v) for q in PROTOCOLS.values() if q.retrieval for v in q.study):
+            out = lay.evaluation(proto.stage(padding)) / alias
+            tasks.append(Task(f"{proto.task(padding)} {alias}", stages.retrieval,
+                              {"plan": p, "run_dir": run, "out": str(out), "protocol": proto.name, "padding": padding},
                               lambda out=out: done(out), trained))
         ko = lay.analysis("knockout", alias)
         tasks.append(Task(f"knockout {alias}", stages.knockout, {"plan": p, "run_dir": run, "out": str(ko)},
                           lambda ko=ko: done(ko), trained))
-        fl = lay.flip(alias)
-        tasks.append(Task(f"flip {alias}", stages.flip, {"plan": p, "run_dir": run, "out": str(fl)},
-                          lambda fl=fl: done(fl), trained))
+        for proto in (q for q in PROTOCOLS.values() if not q.retrieval and q.study):
+            out = lay.evaluation(proto.stage(None)) / alias
+            tasks.append(Task(f"{proto.task(None)} {alias}", stages.SWEEPS[proto.name],
+                              {"plan": p, "run_dir": run, "out": str(out)}, lambda out=out: done(out), trained))
         if cfg.compressed:
             g = lay.analysis("gates", alias)
             tasks.append(Task(f"gates {alias}", stages.gates,
                               {"plan": p, "run_dir": run, "out": str(g), "knockout_dir": str(ko)},
                               lambda g=g: done(g), [*trained, f"knockout {alias}"]))
-        if cfg.compressed and cfg.window == cfg.stride and cfg.gate != "uniform":
+        if cyclable(cfg):
             c = lay.analysis("cycle", alias)
             tasks.append(Task(f"cycle {alias}", stages.cycle, {"plan": p, "run_dir": run, "out": str(c)},
                               lambda c=c: done(c), trained))
-    prefix = [t for t in tasks if t.name.startswith("lookup prefix")]
+    prefix = [t for t in tasks if t.name.startswith(LOOKUP.task("prefix"))]
     tasks.append(Task("compare", stages.compare, {"plan": p, "evals": [t.kwargs["out"] for t in prefix],
                                                   "out": str(lay.compare)},
                       lambda: done(lay.compare), [t.name for t in prefix]))
@@ -149,7 +155,7 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
                       lambda: all((lay.theory / c / "summary.json").is_file() for c in THEORY_CHECKS)))
     # trainings first, the longest first (it is the critical path), then in model order
     tasks.sort(key=lambda t: (0, -plan.steps_of(t.kwargs["arch"])) if t.name.startswith("train ") else (1, 0))
-    lookups = [t.name for t in tasks if t.name.startswith("lookup")]
+    lookups = [t.name for t in tasks if t.name.startswith(LOOKUP.name)]
     tasks.append(Task("example prompts", stages.examples,
                       {"plan": p, "root": str(root), "aliases": list(cfgs), "tokenizer_run": str(lay.run(next(iter(cfgs))))},
                       lambda: lay.examples.is_file(), lookups))
@@ -162,13 +168,11 @@ def _manifest(root: Path, plan: DemoPlan, jobs: int) -> dict:
     if old and old.get("plan") != plan.to_dict():
         raise ConfigError(f"{root} holds a {old.get('mode', 'different')} demo with other settings; "
                           "use another --out (or delete it) to run this one")
-    import phasekv
-
     models = {ModelConfig.from_name(m, preset=plan.preset).alias: {"name": ModelConfig.from_name(m).name}
               for m in plan.models}
     return {**old, "mode": plan.mode, "preset": plan.preset, "plan": plan.to_dict(), "models": models,
-            "version": phasekv.__version__, "threads": f"{jobs} worker process(es) × 1",
-            "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, torch {__import__('torch').__version__}",
+            "version": __version__, "threads": f"{jobs} worker process(es) × 1",
+            "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, torch {torch.__version__}",
             "data": {"description": f"synthetic associative recall ({', '.join(f'{k}={v}' for k, v in plan.recall.items())}), "
                                     f"seq_len {plan.seq_len}, batch {plan.batch_size}, {plan.steps_text()}; lookup "
                                     f"prompts: {plan.records} records, {plan.demos} demonstrations, filler "
@@ -272,8 +276,6 @@ def run_demo(out: str | os.PathLike = "demo_out", quick: bool = False, jobs: int
 
 
 def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool) -> dict:
-    from phasekv.report.render import render_report
-
     manifest = _manifest(root, plan, jobs)
     _write_manifest(root, manifest)
     tasks = build_tasks(root, plan)

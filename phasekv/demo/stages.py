@@ -4,45 +4,41 @@ Python entry points, and writes its outputs atomically into the study layout (`p
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
 
 from phasekv.demo.plan import DemoPlan
+from phasekv.eval.models import load
+from phasekv.eval.prompts import RetrievalPrompts
+from phasekv.eval.protocols import LOOKUP, PROTOCOLS
 from phasekv.io import write_json
 from phasekv.report.layout import Layout
+
+# A stage imports the room it runs (training, statistics, analyses, theory) when it runs, in its worker:
+# every `phasekv` command imports this module (through `phasekv.demo`), and stays quick to start.
 
 
 def _setup() -> None:
     torch.set_num_threads(1)  # two shared cores: one thread per worker process
-    import warnings
-
     warnings.filterwarnings("ignore", message="per-group N=")  # the sampled design is chosen on purpose
 
 
-def _prompts(plan: DemoPlan, em, padding: str = "prefix", per_group: int | None = None):
-    """Lookup prompts over the key/name lists the model was trained on; a per-group N that is not a
-    multiple of M² is kept (sampled, moment-matched design)."""
-    from phasekv.eval.prompts import lookup_config
-
+def _prompts(plan: DemoPlan, em, padding: str = "prefix", per_group: int | None = None, fit=LOOKUP.fit):
+    """The plan's prompts (default: the lookup) over the key/name lists the model was trained on; a per-group
+    N that is not a multiple of M² is kept (sampled, moment-matched design)."""
     n = per_group or plan.per_group
-    return lookup_config(em.info, records=plan.records, demos=plan.demos, padding=padding,
-                         filler=plan.filler, modulus=plan.modulus, per_group=n, keep_n=n % plan.modulus**2 != 0,
-                         mappings=plan.mappings, seed=0)
-
-
-def _load(run_dir: str):
-    from phasekv.eval.models import load
-
-    return load(run_dir, device="cpu")
+    return fit(em, records=plan.records, demos=plan.demos, padding=padding, filler=plan.filler,
+               modulus=plan.modulus, per_group=n, keep_n=n % plan.modulus**2 != 0, mappings=plan.mappings, seed=0)
 
 
 def train_model(plan: dict, arch: str, run_dir: str) -> dict:
     """Train (or resume) one model; a run with no complete checkpoint restarts from scratch."""
-    _setup()
     from phasekv.train import TrainConfig, train
     from phasekv.train.checkpoint import latest_checkpoint, read_trainer_state
 
+    _setup()
     p = DemoPlan.from_dict(plan)
     last = latest_checkpoint(run_dir)
     resume = last is not None
@@ -55,22 +51,24 @@ def train_model(plan: dict, arch: str, run_dir: str) -> dict:
     return {**train(cfg, resume=resume), "resumed_from": start}
 
 
-def lookup(plan: dict, run_dir: str, out: str, padding: str) -> dict:
-    _setup()
+def retrieval(plan: dict, run_dir: str, out: str, protocol: str, padding: str) -> dict:
+    """A retrieval protocol's evaluation (`phasekv.eval.protocols`) under one padding, at the plan's sizes."""
     from phasekv.eval.run import run_retrieval
 
-    p, em = DemoPlan.from_dict(plan), _load(run_dir)
-    return run_retrieval("lookup", em, _prompts(p, em, padding), out, batch_size=p.eval_batch, progress=False)
+    _setup()
+    p, em = DemoPlan.from_dict(plan), load(run_dir)
+    proto = PROTOCOLS[protocol]
+    return run_retrieval(proto.name, em, _prompts(p, em, padding, fit=proto.fit), out, batch_size=p.eval_batch,
+                         progress=False)
 
 
 def flip(plan: dict, run_dir: str, out: str) -> dict:
-    _setup()
     from phasekv.eval.flip import FlipConfig, run_flip
-    from phasekv.eval.prompts import RetrievalPrompts, lookup_config
 
-    p, em = DemoPlan.from_dict(plan), _load(run_dir)
+    _setup()
+    p, em = DemoPlan.from_dict(plan), load(run_dir)
     # the flip test's lookup-style prompt, over the key/name lists the model was trained on
-    cfg = lookup_config(em.info, records=p.records, demos=p.demos, modulus=1, per_group=1,
+    cfg = LOOKUP.fit(em, records=p.records, demos=p.demos, modulus=1, per_group=1,
                         filler=2, mappings=1, seed=0)  # filler >= record length - 1 (3 with two-word keys)
     ps = RetrievalPrompts(cfg, em.tok)
     words, _, _, answer = ps.words(0)
@@ -80,38 +78,38 @@ def flip(plan: dict, run_dir: str, out: str) -> dict:
 
 
 def knockout(plan: dict, run_dir: str, out: str) -> dict:
-    _setup()
     from phasekv.analysis.knockout import analyze_knockout
 
-    p, em = DemoPlan.from_dict(plan), _load(run_dir)
+    _setup()
+    p, em = DemoPlan.from_dict(plan), load(run_dir)
     cfg = _prompts(p, em, "prefix", p.ko_per_group)
     return analyze_knockout(em, cfg, out, n_cal=p.n_cal, batch_size=p.eval_batch, progress=False)
 
 
 def gates(plan: dict, run_dir: str, out: str, knockout_dir: str) -> dict:
-    _setup()
     from phasekv.analysis.gates import analyze_gates
 
-    p, em = DemoPlan.from_dict(plan), _load(run_dir)
+    _setup()
+    p, em = DemoPlan.from_dict(plan), load(run_dir)
     ko = knockout_dir if (Path(knockout_dir) / "summary.json").is_file() else None
     return analyze_gates(em, _prompts(p, em), out, n_prompts=p.gate_prompts, batch_size=p.eval_batch,
                          knockout=ko, progress=False)
 
 
 def cycle(plan: dict, run_dir: str, out: str) -> dict:
-    _setup()
     from phasekv.analysis.cycling import analyze_cycle
 
-    p, em = DemoPlan.from_dict(plan), _load(run_dir)
+    _setup()
+    p, em = DemoPlan.from_dict(plan), load(run_dir)
     cfg = _prompts(p, em, "prefix", p.cycle_per_group)
     return analyze_cycle([em], cfg, out, deltas=p.deltas, batch_size=p.eval_batch, n_boot=p.n_boot,
                          progress=False)
 
 
 def theory(plan: dict, out: str) -> dict:
-    _setup()
     from phasekv.theory import run_all
 
+    _setup()
     return run_all(out, quick=DemoPlan.from_dict(plan).theory_quick, progress=False)
 
 
@@ -120,11 +118,9 @@ def examples(plan: dict, root: str, aliases: list[str], tokenizer_run: str) -> d
     model answered on exactly that prompt (from the lookup results)."""
     import pandas as pd
 
-    from phasekv.eval.prompts import RetrievalPrompts
-
     p = DemoPlan.from_dict(plan)
     lay = Layout(root)
-    em = _load(tokenizer_run)
+    em = load(tokenizer_run)
     tok = em.tok
     out = []
     for padding, residue in (("prefix", 7), ("prefix", 3), ("in-sequence", 7)):
@@ -151,9 +147,12 @@ def examples(plan: dict, root: str, aliases: list[str], tokenizer_run: str) -> d
     return {"examples": len(out)}
 
 
+SWEEPS = {"flip": flip}  # the demo stage of each protocol that is not a retrieval (`Protocol.retrieval`)
+
+
 def compare(plan: dict, evals: list[str], out: str) -> dict:
     """Cache size, training/decode cost and gap of every model side by side (`phasekv compare`)."""
-    _setup()
     from phasekv.mitigate.compare import compare as compare_models
 
+    _setup()
     return compare_models([Path(e) for e in evals], out=Path(out), protocol="prefix")

@@ -8,6 +8,9 @@ import typer
 from rich.console import Console
 
 from phasekv.errors import ConfigError
+from phasekv.eval.report import print_summary
+
+# the commands import their work (torch, models, prompts) when they run: `phasekv --help` stays fast
 
 app = typer.Typer(help="Phase-aware evaluation: accuracy per residue group with intervals, gap and period.",
                   no_args_is_help=True)
@@ -18,32 +21,39 @@ PADDING_HELP = "prefix: all records shift together; in-sequence: random gaps bet
 PER_GROUP_HELP = "Prompts per residue group N; exact mean/variance matching needs a multiple of M^2 (else rounded up)."
 
 
-def _device(spec: str) -> str:
-    import torch
+def model_from_flags(model: Path | None, server: str | None, served_model: str | None, concurrency: int,
+                     device: str, trust_remote_code: bool, tokenizer: Path | None):
+    """The EvalModel of --model (`phasekv.eval.models.load`), or of the model served at --server
+    (`phasekv.eval.engine.connect`): exactly one of the two."""
+    if (model is None) == (server is None):
+        raise ConfigError("give --model DIR, or --server URL with --served-model NAME (one of the two)")
+    if server is not None:
+        from phasekv.eval.engine import connect
 
-    if spec == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return spec
-
-
-def _load(model: Path, device: str, trust_remote_code: bool, tokenizer: Path | None):
+        return connect(server, served_model, tokenizer=tokenizer, trust_remote_code=trust_remote_code,
+                       concurrency=concurrency)
     from phasekv.eval.models import load
 
-    return load(model, device=_device(device), trust_remote_code=trust_remote_code, tokenizer=tokenizer)
-
-
-def _finish(summary: dict | None, out: Path) -> None:
-    from phasekv.eval.report import print_summary
-
-    if summary is None:  # non-zero torchrun rank
-        return
-    print_summary(summary, console)
-    console.print(f"wrote {out}/results.parquet, summary.json, accuracy.png")
+    return load(model, device=device, trust_remote_code=trust_remote_code, tokenizer=tokenizer)
 
 
 COMMON = {
-    "model": typer.Option(..., "--model", help=MODEL_HELP),
+    "model": typer.Option(None, "--model", help=MODEL_HELP + " Or --server."),
     "out": typer.Option(..., "--out", help="Output directory (results.parquet, summary.json, accuracy.png)."),
+    "seed": typer.Option(0, help="Seed of mappings, positions and filler."),
+    "stride": typer.Option(None, help="Stride S for the period tests (default: the model's)."),
+    "device": typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
+    "tokenizer": typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
+    "trust_remote_code": typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
+    "fresh": typer.Option(False, "--fresh", help="Ignore partial results of an interrupted run."),
+}
+ENGINE = {  # a model served by an inference engine instead of --model (phasekv.eval.engine)
+    "server": typer.Option(None, "--server", help="Evaluate the model an inference engine serves at this address "
+                           "(vLLM's OpenAI-compatible server, e.g. http://127.0.0.1:8000) instead of --model."),
+    "served_model": typer.Option(None, "--served-model", help="With --server: the served model's name; its "
+                                 "tokenizer is --tokenizer or the directory the server loaded."),
+    "concurrency": typer.Option(8, "--concurrency", help="With --server: requests in flight (--batch-size prompts "
+                                "each)."),
 }
 
 
@@ -67,32 +77,29 @@ def lookup(
     n_keys: int = typer.Option(None, "--n-keys", help="Use only the first N animal keys (0 = all; default: what a "
                                "phasekv recall run was trained on, else all)."),
     n_values: int = typer.Option(None, "--n-values", help="Use only the first N names (0 = all; default as --n-keys)."),
-    seed: int = typer.Option(0, help="Seed of mappings, positions and filler."),
-    stride: int = typer.Option(None, help="Stride S for the period tests (default: the model's)."),
+    seed: int = COMMON["seed"], stride: int = COMMON["stride"], device: str = COMMON["device"],
+    tokenizer: Path = COMMON["tokenizer"], trust_remote_code: bool = COMMON["trust_remote_code"],
+    fresh: bool = COMMON["fresh"], server: str = ENGINE["server"], served_model: str = ENGINE["served_model"],
+    concurrency: int = ENGINE["concurrency"],
     interval: str = typer.Option("bootstrap", help="Per-group intervals: bootstrap (over mappings) or wilson."),
     batch_size: int = typer.Option(32, "--batch-size", help="Prompts per forward pass."),
-    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
-    tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
-    fresh: bool = typer.Option(False, "--fresh", help="Ignore partial results of an interrupted run."),
     ensemble: int = typer.Option(1, "--ensemble", help="Phase ensembling: average the answer log-probabilities "
                                  "over K shifts spread over 0..S-1 (K forward passes per prompt; 1 = plain)."),
 ) -> None:
     """Animal-to-name lookup: R records, D demonstrations, the target key; top-1 accuracy per residue."""
+    from phasekv.eval.ensemble import phase_ensemble
     from phasekv.eval.prompts import lookup_config
-    from phasekv.eval.run import run_retrieval
 
-    em = _load(model, device, trust_remote_code, tokenizer)
+    if ensemble != 1 and server is not None:
+        raise ConfigError("--ensemble needs the model in process (--model), not --server")
+    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer)
     cfg = lookup_config(em.info, records=records, demos=demos, padding=padding, filler=filler,
                         modulus=modulus, per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed,
                         marker=marker, n_keys=n_keys, n_values=n_values)
     _check_stride(stride, modulus)
     if ensemble != 1:
-        from phasekv.mitigate.ensemble import phase_ensemble
-
         em = phase_ensemble(em, ensemble, stride)
-    _finish(run_retrieval("lookup", em, cfg, out, batch_size=batch_size, interval=interval, stride=stride,
-                          resume=not fresh), out)
+    _retrieve("lookup", em, cfg, out, batch_size, interval, stride, fresh)
 
 
 @app.command()
@@ -108,25 +115,34 @@ def needle(
     demos: int = typer.Option(2, help="Demonstration records before the query."),
     separator: str = typer.Option("auto", help="Token ending each record ('auto': first single token of ; , . | and)."),
     mappings: int = typer.Option(16, help="Key-value mappings (bootstrap unit)."),
-    seed: int = typer.Option(0, help="Seed of mappings, positions and filler."),
-    stride: int = typer.Option(None, help="Stride S for the period tests (default: the model's)."),
     interval: str = typer.Option("wilson", help="Per-group intervals: wilson or bootstrap (over mappings)."),
     batch_size: int = typer.Option(1, "--batch-size", help="Prompts per forward pass."),
-    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
-    tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
-    fresh: bool = typer.Option(False, "--fresh", help="Ignore partial results of an interrupted run."),
+    seed: int = COMMON["seed"], stride: int = COMMON["stride"], device: str = COMMON["device"],
+    tokenizer: Path = COMMON["tokenizer"], trust_remote_code: bool = COMMON["trust_remote_code"],
+    fresh: bool = COMMON["fresh"], server: str = ENGINE["server"], served_model: str = ENGINE["served_model"],
+    concurrency: int = ENGINE["concurrency"],
 ) -> None:
     """Position-matched needle test: one target key near the middle of a long context of records."""
     from phasekv.eval.prompts import needle_config
-    from phasekv.eval.run import run_retrieval
 
     cfg = needle_config(context=context, records=records, padding=padding, per_group=per_group, keep_n=keep_n,
                         modulus=modulus, demos=demos, mappings=mappings, seed=seed, separator=separator)
-    em = _load(model, device, trust_remote_code, tokenizer)
+    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer)
     _check_stride(stride, modulus)
-    _finish(run_retrieval("needle", em, cfg, out, batch_size=batch_size, interval=interval, stride=stride,
-                          resume=not fresh), out)
+    _retrieve("needle", em, cfg, out, batch_size, interval, stride, fresh)
+
+
+def _retrieve(task: str, em, cfg, out: Path, batch_size: int, interval: str, stride: int | None,
+              fresh: bool) -> None:
+    """Run a lookup/needle evaluation and print its summary (rank 0 of a torchrun job only)."""
+    from phasekv.eval.run import run_retrieval
+
+    summary = run_retrieval(task, em, cfg, out, batch_size=batch_size, interval=interval, stride=stride,
+                            resume=not fresh)
+    if summary is None:  # non-zero torchrun rank
+        return
+    print_summary(summary, console)
+    console.print(f"wrote {out}/results.parquet, summary.json, accuracy.png")
 
 
 @app.command()
@@ -141,9 +157,10 @@ def flip(
     records: int = typer.Option(8, help="Records of the default prompt."),
     seed: int = typer.Option(0, help="Seed of the default prompt and the word filler."),
     stride: int = typer.Option(None, help="Stride S of the pattern (default: the model's)."),
-    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
-    tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
+    device: str = COMMON["device"], tokenizer: Path = COMMON["tokenizer"],
+    trust_remote_code: bool = COMMON["trust_remote_code"],
+    server: str = ENGINE["server"], served_model: str = ENGINE["served_model"],
+    concurrency: int = ENGINE["concurrency"],
 ) -> None:
     """Filler sweep: P(candidate) as filler grows one token at a time; counts rankings periodic in L mod S."""
     from phasekv.eval.flip import FlipConfig, run_flip
@@ -152,8 +169,12 @@ def flip(
     fams = [f for f in _split_families(families) if f]
     cfg = FlipConfig(prompt=prompt, candidates=cands, families=fams, lengths=lengths, start=start, records=records,
                      seed=seed)
-    em = _load(model, device, trust_remote_code, tokenizer)
-    s = run_flip(em, cfg, out, stride=stride)
+    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer)
+    print_flip(run_flip(em, cfg, out, stride=stride))
+    console.print(f"wrote {out}/results.parquet, summary.json, flip.png")
+
+
+def print_flip(s: dict) -> None:
     console.print(f"[bold]{s['model']}[/] · candidates {s['candidates']} · S={s['stride']}")
     for fam, f in s["families"].items():
         line = " ".join(str(s["candidates"].index(w)) for w in f["winners"])
@@ -164,7 +185,6 @@ def flip(
     if s["follow_pattern"] is not None:
         console.print(f"{s['follow_pattern']} of {s['rankings']} rankings follow a pattern in L mod {s['stride']}"
                       f"{' (the winner switches with the phase)' if s['switching'] else ' (one winner throughout)'}")
-    console.print(f"wrote {out}/results.parquet, summary.json, flip.png")
 
 
 def _split_families(spec: str) -> list[str]:
@@ -184,3 +204,20 @@ def _split_families(spec: str) -> list[str]:
 def _check_stride(stride: int | None, modulus: int) -> None:
     if stride is not None and (stride < 1 or modulus % stride):
         raise ConfigError(f"--stride {stride} must divide --modulus {modulus}")
+
+
+def export_command(
+    model: Path = typer.Option(..., "--model", help="A full-attention phasekv run, checkpoint or PhaseLM.save "
+                               "directory."),
+    out: Path = typer.Option(..., "--out", help="Output directory (config.json, model.safetensors, tokenizer)."),
+) -> None:
+    """Export a full-attention model as a Hugging Face Qwen3 directory (transformers, vLLM, SGLang load it) that
+    carries the run's evaluation metadata, so `phasekv eval`/`audit` build the run's prompts for it."""
+    from phasekv.eval.export import export
+
+    export(model, out)
+    console.print(f"wrote {out}/ (config.json with the evaluation metadata, model.safetensors, tokenizer files)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export_command)

@@ -9,7 +9,6 @@ filler(L-1); a family whose text does not tokenise that way is skipped with a no
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,9 +18,13 @@ import pandas as pd
 import torch
 
 from phasekv.errors import ConfigError, DataError
+from phasekv.eval.figure import to_png
 from phasekv.eval.models import EvalModel, last_logits
 from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
+from phasekv.eval.protocols import FLIP
+from phasekv.eval.run import json_default, progress_bar, versions
 from phasekv.eval.tokens import WordTokenizer, word_list
+from phasekv.io import write_json, write_parquet
 
 DEFAULT_FAMILIES = ("words", "repeat:the", "repeat:=", "repeat:,")
 
@@ -132,12 +135,42 @@ def follow_pattern(winners: list[int], lengths: list[int], stride: int) -> tuple
 
 def run_flip(em: EvalModel, cfg: FlipConfig, out: str | Path, stride: int | None = None,
              progress: bool = True) -> dict:
-    from phasekv.eval.report import plot_flip
-    from phasekv.eval.run import _atomic_parquet, _atomic_text, _json_default, _progress, versions
-
+    """Sweep every filler family over the lengths, write OUT/results.parquet, summary.json and flip.png;
+    returns the summary."""
     t0 = time.time()
     stride = stride if stride is not None else em.stride
-    tok = em.tok
+    prompt, cands = _prompt_and_candidates(em.tok, cfg)
+    cand_ids = [candidate_ids(em.tok, prompt, c) for c in cands]
+    seqs, skipped = {}, {}
+    for fam in cfg.families:
+        s = sequences(em.tok, cfg, prompt, fam)
+        (skipped if isinstance(s, str) else seqs)[fam] = s
+    if not seqs:
+        raise DataError(f"no filler family tokenises one token per step: {skipped}")
+    lengths = list(range(cfg.start, cfg.start + cfg.lengths))
+    df = _sweep(em, seqs, lengths, cand_ids, cands, progress)
+    fams = {fam: _family(df[df["family"] == fam], cands, stride) for fam in seqs}
+    summary = {
+        "task": "flip", "model": em.name, "model_kind": em.kind, "stride": stride, "prompt": prompt,
+        "candidates": cands, "families": fams, "skipped_families": skipped,
+        "rankings": len(seqs) * len(lengths),
+        "follow_pattern": sum(f.get("follow", 0) for f in fams.values()) if stride else None,
+        "switching": bool(stride) and any(len(set(f["majority_by_phase"].values()) - {None}) > 1
+                                          for f in fams.values()),
+        "note": None if not stride or cfg.lengths >= 2 * stride else
+        f"{cfg.lengths} lengths give fewer than two per phase of S={stride}: no ranking can follow a pattern",
+        "provenance": {"config": cfg.to_dict(), "model_info": em.info, "tokenizer": em.tok.name,
+                       "seconds": round(time.time() - t0, 2), "versions": versions()},
+    }
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_parquet(out / "results.parquet", df)
+    write_json(out / "summary.json", summary, default=json_default)
+    to_png(FLIP.build_figure(summary, df), out / FLIP.figure)
+    return summary
+
+
+def _prompt_and_candidates(tok: WordTokenizer, cfg: FlipConfig) -> tuple[str, list[str]]:
     if cfg.prompt is None:
         prompt, cands = default_prompt(tok, cfg.records, cfg.seed)
         cands = cfg.candidates or cands
@@ -145,51 +178,32 @@ def run_flip(em: EvalModel, cfg: FlipConfig, out: str | Path, stride: int | None
         prompt, cands = cfg.prompt, cfg.candidates
     if not cands or len(cands) < 2:
         raise ConfigError("flip needs at least two candidates (--candidates ' 8,32')")
-    cand_ids = [candidate_ids(tok, prompt, c) for c in cands]
-    seqs, skipped = {}, {}
-    for fam in cfg.families:
-        s = sequences(tok, cfg, prompt, fam)
-        (skipped if isinstance(s, str) else seqs)[fam] = s
-    if not seqs:
-        raise DataError(f"no filler family tokenises one token per step: {skipped}")
+    return prompt, cands
+
+
+def _sweep(em: EvalModel, seqs: dict, lengths: list[int], cand_ids: list[list[int]], cands: list[str],
+           progress: bool) -> pd.DataFrame:
+    """One row per (family, length, candidate): its log-probability and whether it ranks first."""
     rows = []
-    lengths = list(range(cfg.start, cfg.start + cfg.lengths))
-    with _progress(progress, len(seqs) * len(lengths), f"flip · {em.name}") as advance:
+    with progress_bar(progress, len(seqs) * len(lengths), f"flip · {em.name}") as advance:
         for fam, ss in seqs.items():
             for L, ids in zip(lengths, ss, strict=True):
-                lps = candidate_logprobs(em.model, ids, cand_ids)
+                lps = em.candidate_logprobs(ids, cand_ids)
                 win = int(np.argmax(lps))
                 for k, (c, lp) in enumerate(zip(cands, lps, strict=True)):
                     rows.append({"family": fam, "length": L, "tokens": len(ids), "candidate": c, "logprob": lp,
                                  "prob": float(np.exp(lp)), "top": k == win, "winner": cands[win]})
                 advance(1)
-    df = pd.DataFrame(rows)
-    fams = {}
-    for fam in seqs:
-        d = df[(df["family"] == fam) & df["top"]].sort_values("length")
-        winners = [cands.index(w) for w in d["winner"]]
-        entry = {"winners": [cands[w] for w in winners], "wins": {c: winners.count(i) for i, c in enumerate(cands)}}
-        if stride:
-            n, major = follow_pattern(winners, d["length"].tolist(), stride)
-            entry.update(follow=n, majority_by_phase={str(k): None if v is None else cands[v]
-                                                      for k, v in sorted(major.items())})
-        fams[fam] = entry
-    total = len(seqs) * len(lengths)
-    follow = sum(f.get("follow", 0) for f in fams.values()) if stride else None
-    summary = {
-        "task": "flip", "model": em.name, "model_kind": em.kind, "stride": stride, "prompt": prompt,
-        "candidates": cands, "families": fams, "skipped_families": skipped,
-        "rankings": total, "follow_pattern": follow,
-        "switching": bool(stride) and any(len(set(f["majority_by_phase"].values()) - {None}) > 1
-                                          for f in fams.values()),
-        "note": None if not stride or cfg.lengths >= 2 * stride else
-        f"{cfg.lengths} lengths give fewer than two per phase of S={stride}: no ranking can follow a pattern",
-        "provenance": {"config": cfg.to_dict(), "model_info": em.info, "tokenizer": tok.name,
-                       "seconds": round(time.time() - t0, 2), "versions": versions()},
-    }
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    _atomic_parquet(out / "results.parquet", df)
-    _atomic_text(out / "summary.json", json.dumps(summary, indent=2, default=_json_default))
-    plot_flip(df, stride, out / "flip.png", cands)
-    return summary
+    return pd.DataFrame(rows)
+
+
+def _family(rows: pd.DataFrame, cands: list[str], stride: int | None) -> dict:
+    """A family's winners by length, wins per candidate and (with a stride) how they follow L mod S."""
+    d = rows[rows["top"]].sort_values("length")
+    winners = [cands.index(w) for w in d["winner"]]
+    entry = {"winners": [cands[w] for w in winners], "wins": {c: winners.count(i) for i, c in enumerate(cands)}}
+    if stride:
+        n, major = follow_pattern(winners, d["length"].tolist(), stride)
+        entry.update(follow=n, majority_by_phase={str(k): None if v is None else cands[v]
+                                                  for k, v in sorted(major.items())})
+    return entry

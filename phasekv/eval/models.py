@@ -2,7 +2,8 @@
 
 `EvalModel.last_logits(ids)` returns the next-token logits at the last position only: phasekv models
 prefill long prompts chunk by chunk through their decode cache (memory grows with the cache, not T^2),
-Hugging Face models are asked for the last position's logits only.
+Hugging Face models are asked for the last position's logits only. A model served by an inference engine
+(`phasekv.eval.engine.EngineModel`) scores the same prompts through HTTP requests instead.
 """
 
 from __future__ import annotations
@@ -13,18 +14,25 @@ from pathlib import Path
 
 import torch
 
-from phasekv.errors import CheckpointError
 from phasekv.eval.tokens import WordTokenizer
+from phasekv.model.hf import EVAL_KEY, compression_layout
+from phasekv.train.run import open_model
 
 PREFILL_CHUNK = 4096  # phasekv prompts longer than this are prefilled through the cache in chunks
 
 
 @dataclass
 class EvalModel:
+    """A model under evaluation with the tokenizer its prompts are placed with: what every evaluation, analysis,
+    audit and mitigation takes. `kind` says whose model it is (a PhaseLM or a transformers causal LM, scored
+    alike through `last_logits`), `stride` which period to test for, `info` where it came from (written into
+    every summary's provenance). Wrappers such as a phase ensemble replace `model` and keep the rest; a served
+    model (`phasekv.eval.engine.EngineModel`, kind "engine") scores through its server instead."""
+
     model: torch.nn.Module
     tok: WordTokenizer
     name: str  # the paper name for phasekv models, the directory / model type for HF
-    kind: str  # "phasekv" | "hf"
+    kind: str  # "phasekv" | "hf" | "engine"
     stride: int | None  # compression stride S (None: full attention or unknown)
     info: dict = field(default_factory=dict)  # provenance: path, config; a phasekv run's recall data and train_len
 
@@ -36,6 +44,18 @@ class EvalModel:
     def last_logits(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, T) -> logits at position T-1, (B, V), float32."""
         return last_logits(self.model, ids)
+
+    def score(self, prompts, protocol: str, batch_size: int = 32):
+        """Rows of scored prompts, a list per batch (`phasekv.eval.run.score` on this model)."""
+        from phasekv.eval.run import score  # run.py imports this module
+
+        return score(self.model, self.tok, prompts, protocol, batch_size)
+
+    def candidate_logprobs(self, ids: list[int], cands: list[list[int]]) -> list[float]:
+        """log P(candidate | ids) per candidate (`phasekv.eval.flip.candidate_logprobs` on this model)."""
+        from phasekv.eval.flip import candidate_logprobs  # flip.py imports this module
+
+        return candidate_logprobs(self.model, ids, cands)
 
 
 @torch.no_grad()
@@ -56,74 +76,69 @@ def last_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return logits[:, -1].float()
 
 
+def resolve_device(spec: str | torch.device) -> str | torch.device:
+    """"auto": cuda when available, else cpu; anything else as given."""
+    if spec == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return spec
+
+
 def load(path: str | Path, device: str | torch.device = "cpu", trust_remote_code: bool = False,
          tokenizer: str | Path | None = None) -> EvalModel:
-    """A phasekv run dir (latest checkpoint), a `PhaseLM.save` dir, or a Hugging Face causal LM dir
-    (classified by `phasekv.train.run.resolve_model_dir`, the loader behind every --model flag)."""
-    from phasekv.train.run import resolve_model_dir
-
-    model_dir, kind = resolve_model_dir(path)
-    if kind == "hf":
-        em = _load_hf(model_dir, device, trust_remote_code, tokenizer, name=Path(path).name)
-        em.info.update(_run_info(Path(path)), path=str(path))  # a `phasekv train --hf-config` run's data
-        return em
-    return _load_phasekv(Path(path), model_dir, device, tokenizer)
-
-
-def _load_phasekv(path: Path, weights: Path, device, tokenizer) -> EvalModel:
-    from phasekv.data.tokenizer import load_tokenizer
-    from phasekv.train.run import load_run
-
-    model, tok = load_run(path, device=str(device), hf_tokenizer=False)
-    if tokenizer is not None:
-        tok = load_tokenizer(tokenizer)
-    cfg = model.config
-    info = {"path": str(path), "weights": str(weights), "config": cfg.to_dict(), "tokenizer": str(tokenizer or "run"),
-            "recall": None, "train_len": None, **_run_info(path)}
-    return EvalModel(model, WordTokenizer(tok, str(tokenizer or path)), cfg.name, "phasekv",
-                     cfg.stride if cfg.compressed else None, info)
+    """The EvalModel of a phasekv run dir (latest checkpoint), a `PhaseLM.save` dir or a Hugging Face causal LM
+    dir, opened by the one loader (`phasekv.train.run.open_model`) as the directory holds it; device "auto"
+    picks cuda when available."""
+    path = Path(path)
+    opened = open_model(path, device=resolve_device(device), trust_remote_code=trust_remote_code,
+                        tokenizer=tokenizer)
+    tok, cfg = WordTokenizer(opened.tokenizer, str(tokenizer or path)), opened.model.config
+    if opened.kind == "hf":
+        info = {"path": str(path), "config": {k: v for k, v in cfg.to_dict().items()
+                                              if isinstance(v, (int, float, str, bool))},
+                **{k: v for k, v in evaluation_info(path).items() if v is not None}}  # an export's run metadata
+        info["ratios"] = hf_ratios(cfg.to_dict())  # every compression ratio and its layer types (V4: CSA, HCA)
+        return EvalModel(opened.model, tok, f"{cfg.model_type}:{path.name}", "hf", hf_stride(cfg.to_dict()), info)
+    info = {"path": str(path), "weights": str(opened.weights), "config": cfg.to_dict(),
+            "tokenizer": str(tokenizer or "run"), **evaluation_info(path)}
+    return EvalModel(opened.model, tok, cfg.name, "phasekv", cfg.stride if cfg.compressed else None, info)
 
 
-def _run_info(path: Path) -> dict:
-    """{recall, train_len} of a training run (its recall layout and sequence length), {} for a model dir."""
-    train = _run_train(path)
-    if not train:
-        return {}
+def evaluation_info(path: str | Path) -> dict:
+    """What a run's prompts follow, {"recall": its recall layout and words or None, "train_len": its training
+    length or None}: from a phasekv run's config.json ("train") or an export's (EVAL_KEY, `phasekv export`)."""
+    config = config_json(path)
+    if isinstance(config.get(EVAL_KEY), dict):
+        return {"recall": config[EVAL_KEY].get("recall"), "train_len": config[EVAL_KEY].get("train_len")}
+    train = config.get("train") if isinstance(config.get("train"), dict) else {}
     data = train.get("data")
     recall = data.get("recall") if isinstance(data, dict) and data.get("data") == "recall" else None
     return {"recall": recall, "train_len": train.get("seq_len")}
 
 
-def _run_train(path: Path) -> dict:
-    """The training settings of a phasekv run (its config.json's "train": data, seq_len, ...); {} if none."""
+def config_json(directory: str | Path) -> dict:
+    """A directory's config.json as a dict ({} when it is missing, unreadable or not an object)."""
     try:
-        train = json.loads((path / "config.json").read_text()).get("train") or {}
-    except (OSError, ValueError, AttributeError):
+        config = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
         return {}
-    return train if isinstance(train, dict) else {}
+    return config if isinstance(config, dict) else {}
 
 
-def _load_hf(path: Path, device, trust_remote_code: bool, tokenizer, name: str | None = None) -> EvalModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code,
-                                                     use_safetensors=True)  # weights never via pickle
-        tok = AutoTokenizer.from_pretrained(tokenizer or path, local_files_only=True, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        hint = " (pass --trust-remote-code if you trust this model's code)" if "trust_remote_code" in str(exc) else ""
-        raise CheckpointError(f"{path}: not a loadable Hugging Face causal LM ({' '.join(str(exc).split())[:200]}){hint}") from None
-    model = model.to(device).eval()
-    cfg = model.config
-    stride = _hf_stride(cfg)
-    info = {"path": str(path), "config": {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}}
-    return EvalModel(model, WordTokenizer(tok, str(tokenizer or path)), f"{cfg.model_type}:{name or path.name}", "hf", stride, info)
+def hf_stride(config: dict) -> int | None:
+    """The smallest compression ratio a Hugging Face config declares (`compression_layout`: DeepSeek-V4's
+    layer_types + compress_rates, the older compress_ratios list, a scalar compress_ratio), if any."""
+    ratios = compression_layout(config).distinct()
+    return min(ratios) if ratios else None
 
 
-def _hf_stride(cfg) -> int | None:
-    """Compression stride declared by an HF config (DeepSeek-V4-style `compress_ratio` etc.), if any."""
-    for key in ("compress_stride", "compression_stride", "compress_ratio"):
-        v = getattr(cfg, key, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
+def hf_ratios(config: dict) -> list[dict]:
+    """Every compression ratio of a Hugging Face config with the layer types it belongs to (JSON rows)."""
+    return [{"ratio": r, "layer_types": t} for r, t in compression_layout(config).distinct().items()]
+
+
+def model_ratios(em: EvalModel) -> dict[int, list[str]]:
+    """{ratio: layer types} an evaluation tests: every ratio of a Hugging Face config, a phasekv model's stride
+    (all its layers), or {} without compression."""
+    if em.info.get("ratios"):
+        return {int(r["ratio"]): list(r["layer_types"]) for r in em.info["ratios"]}
+    return {em.stride: ["compressed attention (every layer)"]} if em.stride else {}

@@ -1,13 +1,13 @@
-"""Terminal tables and figures of phase-aware evaluations (accuracy by residue, flip sweeps)."""
+"""Terminal tables and figures of phase-aware evaluations: accuracy by residue and the filler sweep, each
+built once from its tidy table (`phasekv.eval.figure`), for an evaluation directory and the report alike."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from phasekv.io import write_figure
+from phasekv.eval.figure import PALETTE, Figure, Guide, Panel, Trace
 
 
 def _interval(ci) -> str:
@@ -47,68 +47,68 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         console.print(f"[yellow]notice:[/] {summary['design_notice']}")
 
 
-def _save(fig, path: Path) -> None:
-    write_figure(path, fig, dpi=130, bbox_inches="tight")
+def profile_rows(alias: str, name: str, summary: dict, stride: int | None) -> pd.DataFrame:
+    """A retrieval summary as the tidy table of the accuracy-by-residue figure: one row per residue group
+    (acc, lo, hi in percent) with the model's alias, name, stride and scalar summary repeated."""
+    lo, hi = summary.get("gap_ci") or (float("nan"), float("nan"))
+    rows = pd.DataFrame(summary["groups"]).sort_values("residue")
+    return rows.assign(model=alias, name=name, stride=stride or 0, modulus=summary.get("modulus", len(rows)),
+                       gap=summary["gap"], gap_lo=lo, gap_hi=hi, period=summary.get("detected_period"))
 
 
-def plot_profile(summary: dict, path: Path) -> None:
-    """Accuracy by residue with its 95% band; dashed lines at the stride's period boundaries, triangles
-    under the axis at the boundary phase S-1."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    g = summary["groups"]
-    r = [x["residue"] for x in g]
-    acc, lo, hi = [x["acc"] for x in g], [x["lo"] for x in g], [x["hi"] for x in g]
-    M, S = summary["modulus"], summary.get("stride")
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.fill_between(r, lo, hi, alpha=0.25, color="C0", lw=0)
-    periodic = bool(S) and 0 < S < M
-    step = S if periodic else M
-    for start in range(0, M, step):  # solid within a stride period, dotted across a period boundary
-        seg = slice(start, min(start + step, M))
-        ax.plot(r[seg], acc[seg], "o-", color="C0", ms=3, label=summary["model"] if start == 0 else None)
-        if start + step < M:
-            ax.plot(r[start + step - 1 : start + step + 1], acc[start + step - 1 : start + step + 1], ":", color="C0")
-    if periodic:
-        for b in range(S, M, S):
-            ax.axvline(b - 0.5, ls="--", color="gray", lw=0.8)
-        ax.plot([x for x in r if x % S == S - 1], [-4] * (M // S), "^", color="gray", ms=5, clip_on=False)
-    ax.set_xlim(-0.5, M - 0.5)
-    ax.set_ylim(-6, 103)
-    ax.set_xlabel(f"target position mod {M}")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title(f"{summary['task']} · {summary['protocol']} padding · gap {summary['gap']:.1f} "
-                 f"[{summary['gap_ci'][0]:.1f}, {summary['gap_ci'][1]:.1f}] · period {summary['detected_period']}",
-                 fontsize=9)
-    ax.legend(fontsize=8, loc="best")
-    _save(fig, path)
-    plt.close(fig)
+def residue_figure(table: pd.DataFrame, padding: str, colors: dict[str, str], reference: str | None = None) -> Figure:
+    """Accuracy by residue per model with its 95% band, the boundary phase S-1 marked under the axis and the
+    model's period boundaries dashed; on paper one small panel per model (`reference` dashed grey in each)."""
+    M = int(table["modulus"].iloc[0])
+    traces, guides, titles = [], {}, {}
+    for alias, p in table.groupby("model", sort=False):
+        name, S, color = p["name"].iloc[0], int(p["stride"].iloc[0]), colors.get(alias, PALETTE[0])
+        x = p["residue"].tolist()
+        traces += [Trace("band", x, p["lo"].tolist(), p["hi"].tolist(), color=color, alpha=0.2, model=alias),
+                   Trace("line", x, p["acc"].tolist(), name=name, color=color, marker="circle", size=3, model=alias,
+                         hover=f"{name}<br>residue %{{x}}: %{{y:.1f}}%<extra></extra>")]
+        if S:
+            xs = [r for r in x if r % S == S - 1]
+            traces.append(Trace("points", xs, [-1] * len(xs), color=color, marker="triangle-up", size=4,
+                                model=alias))
+        guides[alias] = [Guide(x=k * S - 0.5) for k in range(1, M // S)] if S else []
+        r = p.iloc[0]
+        titles[alias] = f"{name}\ngap {r.gap:.1f} [{r.gap_lo:.1f}, {r.gap_hi:.1f}], period {r.period}"
+    panel = Panel(traces, xlabel=f"target-key position mod {M}", ylabel="accuracy (%)", ylim=(-2, 102),
+                  xticks=list(range(0, M, 2 if M > 12 else 1)), facet=True, facet_titles=titles, reference=reference,
+                  model_guides=guides)
+    return Figure([panel], f"Accuracy by target-key position mod {M} ({padding} padding); 95% bands",
+                  size=(4.6, 3.2))
 
 
-def plot_flip(rows, stride: int | None, path: Path, candidates: list[str]) -> None:
-    """P(candidate) against filler length, one panel per family, dashed lines every S lengths."""
-    import matplotlib
+def flip_rows(alias: str, name: str, summary: dict, results: pd.DataFrame, stride: int | None) -> pd.DataFrame:
+    """A filler sweep as the tidy table of its figure: P(first candidate) per (family, length), with the
+    model's alias, name, stride and how many rankings follow the pattern."""
+    first = summary.get("candidates", [results["candidate"].iloc[0]])[0]
+    follow = (f"{summary['follow_pattern']}/{summary['rankings']} rankings follow length mod S"
+              if summary.get("follow_pattern") is not None else "")
+    rows = results[results["candidate"] == first].sort_values(["family", "length"], kind="stable")
+    return rows.assign(model=alias, name=name, stride=stride or 0, follow=follow)[
+        ["model", "name", "stride", "follow", "family", "length", "candidate", "prob"]]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fams = list(dict.fromkeys(rows["family"]))
-    fig, axes = plt.subplots(len(fams), 1, figsize=(7, 2.2 * len(fams)), sharex=True, squeeze=False)
-    for ax, fam in zip(axes[:, 0], fams, strict=True):
-        d = rows[rows["family"] == fam]
-        for i, c in enumerate(candidates):
-            dc = d[d["candidate"] == c]
-            ax.plot(dc["length"], dc["prob"], "o-", ms=3, color=f"C{i}", label=repr(c))
-        if stride:
-            for b in range(int(d["length"].min()), int(d["length"].max()) + 1):
-                if b % stride == 0:
-                    ax.axvline(b - 0.5, ls="--", color="gray", lw=0.8)
-        ax.set_ylabel("P")
-        ax.set_title(f"filler: {fam}", fontsize=9)
-        ax.legend(fontsize=7, loc="upper right")
-    axes[-1, 0].set_xlabel("filler length L (tokens)" + (f", dashed every S={stride}" if stride else ""))
-    _save(fig, path)
-    plt.close(fig)
+def flip_figure(table: pd.DataFrame, colors: dict[str, str]) -> Figure:
+    """P(first candidate) against filler length, a line per filler family (dash styles), dashed lines every S
+    lengths of the model; on paper one small panel per model."""
+    dashes = ["solid", "dot", "dash", "dashdot", "longdash"]
+    traces, guides, titles = [], {}, {}
+    for alias, d in table.groupby("model", sort=False):
+        name, S, color = d["name"].iloc[0], int(d["stride"].iloc[0]), colors.get(alias, PALETTE[0])
+        first = d["candidate"].iloc[0]
+        for i, (fam, g) in enumerate(d.groupby("family", sort=False)):
+            traces.append(Trace("line", g["length"].tolist(), g["prob"].tolist(), name=f"{name} · {fam}", label=fam,
+                                color=color,
+                                dash=dashes[i % len(dashes)], marker="circle", size=2, model=alias,
+                                hover=f"{name} · {fam}<br>length %{{x}}: P({first}) = %{{y:.3f}}<extra></extra>"))
+        lo, hi = int(d["length"].min()), int(d["length"].max())
+        guides[alias] = [Guide(x=x - 0.5, width=0.6) for x in range(lo + 1, hi + 1) if S and x % S == 0]
+        titles[alias] = f"{name}\n{d['follow'].iloc[0]}"
+    first = table["candidate"].iloc[0]
+    panel = Panel(traces, xlabel="filler length (tokens)", ylabel=f"P({first})", legend=True, facet=True,
+                  facet_titles=titles, model_guides=guides)
+    return Figure([panel], "Filler sweep: probability of the first candidate by filler length", size=(4.5, 3.2))

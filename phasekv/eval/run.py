@@ -28,11 +28,13 @@ import torch
 
 from phasekv.errors import ConfigError
 from phasekv.eval.design import group_moments
+from phasekv.eval.figure import to_png
 from phasekv.eval.models import EvalModel, last_logits
 from phasekv.eval.prompts import Prompt, PromptConfig, RetrievalPrompts
+from phasekv.eval.protocols import protocol
 from phasekv.eval.stats import summarize
 from phasekv.eval.tokens import WordTokenizer
-from phasekv.io import write_parquet, write_text
+from phasekv.io import write_json, write_parquet
 
 COLUMNS = ["pid", "residue", "target_pos", "query_pos", "target_index", "mapping", "answer", "answer_word",
            "pred", "pred_word", "correct", "prob", "protocol"]
@@ -80,7 +82,7 @@ def evaluate(model, tokenizer, cfg: PromptConfig, pids: Iterable[int] | None = N
     _check_fits(model, prompts, batch_size)
     pids = list(range(len(prompts))) if pids is None else list(pids)
     rows: list[dict] = []
-    with _progress(progress, len(pids), "evaluating") as advance:
+    with progress_bar(progress, len(pids), "evaluating") as advance:
         for chunk in score(model, tok, prefetch(prompts.prompt, pids, 2 * batch_size), cfg.padding, batch_size):
             rows.extend(chunk)
             advance(len(chunk))
@@ -141,13 +143,13 @@ def run_retrieval(task: str, em: EvalModel, cfg: PromptConfig, out: str | Path, 
         if not resume and part.exists():
             shutil.rmtree(part)
         part.mkdir(parents=True, exist_ok=True)
-        _atomic_text(part / "fingerprint.json", json.dumps(fingerprint, sort_keys=True, default=str))
+        write_json(part / "fingerprint.json", fingerprint, indent=None, default=str, sort_keys=True)
     _barrier(world)
     todo = sorted(set(range(len(prompts))) - set(done["pid"].tolist()))[rank::world]
     new: list[dict] = []
     pending: list[dict] = []
-    with _progress(progress and rank == 0, len(todo), f"{task} · {em.name}") as advance:
-        for chunk in score(em.model, em.tok, prefetch(prompts.prompt, todo, 2 * batch_size), cfg.padding, batch_size):
+    with progress_bar(progress and rank == 0, len(todo), f"{task} · {em.name}") as advance:
+        for chunk in em.score(prefetch(prompts.prompt, todo, 2 * batch_size), cfg.padding, batch_size):
             new.extend(chunk)
             pending.extend(chunk)
             advance(len(chunk))
@@ -172,8 +174,6 @@ def run_retrieval(task: str, em: EvalModel, cfg: PromptConfig, out: str | Path, 
 
 def write_run(out: Path, rows: pd.DataFrame, task: str, em: EvalModel, cfg: PromptConfig, prompts: RetrievalPrompts,
               stride: int | None, interval: str, seconds: float, world: int, extra: dict) -> dict:
-    from phasekv.eval.report import plot_profile
-
     rows = rows.astype({"correct": bool, "prob": float})
     s = summarize(rows["residue"], rows["mapping"], rows["correct"], cfg.modulus, stride, interval=interval,
                   seed=cfg.seed)
@@ -191,9 +191,10 @@ def write_run(out: Path, rows: pd.DataFrame, task: str, em: EvalModel, cfg: Prom
                        "seconds": round(seconds, 2), "versions": versions(), **extra},
     }
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_parquet(out / "results.parquet", rows)
-    _atomic_text(out / "summary.json", json.dumps(summary, indent=2, default=_json_default))
-    plot_profile(summary, out / "accuracy.png")
+    write_parquet(out / "results.parquet", rows)
+    write_json(out / "summary.json", summary, default=json_default)
+    proto = protocol(task)
+    to_png(proto.build_figure(summary, rows), out / proto.figure)
     return summary
 
 
@@ -209,7 +210,8 @@ def versions() -> dict:
     return provenance("transformers")
 
 
-def _json_default(o):
+def json_default(o):
+    """JSON for numpy scalars and arrays (and str of anything else) in summaries."""
     if isinstance(o, (np.integer,)):
         return int(o)
     if isinstance(o, (np.floating,)):
@@ -236,15 +238,7 @@ def _load_partial(part: Path, fingerprint: dict) -> pd.DataFrame:
 
 def _flush(part: Path, rank: int, rows: list[dict]) -> None:
     n = len(list(part.glob(f"rows-r{rank}-*.parquet")))
-    _atomic_parquet(part / f"rows-r{rank}-{n:06d}-{os.getpid()}.parquet", pd.DataFrame(rows, columns=COLUMNS))
-
-
-def _atomic_parquet(path: Path, df: pd.DataFrame) -> None:
-    write_parquet(path, df)
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    write_text(path, text)
+    write_parquet(part / f"rows-r{rank}-{n:06d}-{os.getpid()}.parquet", pd.DataFrame(rows, columns=COLUMNS))
 
 
 def _dist_init(device: torch.device) -> tuple[int, int]:
@@ -276,7 +270,7 @@ def _gather(rows: list[dict], world: int) -> list[dict]:
     return [r for p in parts for r in p] if parts is not None else []
 
 
-class _progress:
+class progress_bar:
     """Rich progress bar as a context manager yielding advance(n); silent when disabled."""
 
     def __init__(self, enabled: bool, total: int, label: str):

@@ -1,2 +1,14 @@
-"""Mitigations of phase sensitivity (staggered windows live in the model; here: the coverage regulariser,
-phase ensembling at test time), the comparison table and the one-command phase audit."""
+"""Repairs of phase sensitivity compared at their cost, and the one-command phase audit.
+
+The mitigations themselves live where they act: staggered windows in the model (`ModelConfig.stagger`), the
+coverage regulariser in training (`phasekv.train.coverage`), phase ensembling in evaluation
+(`phasekv.eval.ensemble`). Here:
+- `phasekv.mitigate.compare`: `phasekv compare`, the table (schema phasekv.compare/1) and the Pareto plot,
+  from `discovery` (which evaluations, reference, baseline), `cost` (cache bytes, measured step times) and
+  `criteria` (Pareto flags, the acceptance check);
+- `phasekv.mitigate.audit`: `phasekv audit`, a retrieval protocol, the periodicity verdict and an exit code.
+
+Layer: above `phasekv.eval` (it reads and runs evaluations and looks protocols up in their registry; it needs
+nothing of `analysis`, below it in the order), beside `theory` (neither imports the other), below `report`
+(which shows the comparison and its criteria) and `demo`.
+"""

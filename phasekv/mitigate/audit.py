@@ -8,49 +8,19 @@ residues and phases, and a figure. Exit code 0 when the gap is below --max-gap, 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from phasekv.errors import ConfigError
+from phasekv.eval.figure import GREY, Figure, Guide, Panel, Trace, to_png
 from phasekv.eval.models import EvalModel
-from phasekv.eval.prompts import PromptConfig, lookup_config, needle_config
+from phasekv.eval.protocols import for_model, protocol, retrieval_protocols
+from phasekv.eval.run import json_default, run_retrieval
+from phasekv.io import write_json
 
 ALPHA = 0.01  # level of the period-S test in the verdict
 PASS, FAIL = 0, 3  # exit codes
-NEEDLE_DENSITY = 16000 / 131072  # records per context token in the study's needle test
-
-
-def auto_context(em: EvalModel) -> int:
-    """Needle context that fits: the model's position limit, capped by memory (about 1K tokens per GiB of
-    accelerator memory; 2,048 tokens on CPU)."""
-    if em.device.type == "cuda":
-        gib = torch.cuda.get_device_properties(em.device).total_memory / 2**30
-        budget = int(gib * 1024)
-    else:
-        budget = 2048
-    cfg = getattr(em.model, "config", None)
-    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "max_seq_len", None) or budget
-    ctx = min(budget, int(limit), 131072)
-    return max(256, ctx - ctx % 256 - 64)  # room for special tokens and demonstrations
-
-
-def prompt_config(em: EvalModel, task: str, per_group: int | None, modulus: int | None, context: int | None,
-                  records: int | None, demos: int | None, filler: int | None, seed: int) -> PromptConfig:
-    """The audit's prompts: lookup in the layout that fits the model's training length, or the needle test."""
-    if task == "lookup":
-        return lookup_config(em.info, seed=seed, records=records, demos=demos, filler=filler, per_group=per_group,
-                             modulus=modulus)
-    ctx = context or auto_context(em)
-    n_rec = records or max(16, round(ctx * NEEDLE_DENSITY))
-    kw = {"per_group": per_group or 64}  # 64 = 8^2: exact moment matching at M = 8
-    if modulus is not None:
-        kw["modulus"] = modulus
-    if demos is not None:
-        kw["demos"] = demos
-    return needle_config(context=ctx, records=n_rec, seed=seed, **kw)
 
 
 def verdict(summary: dict, stride: int | None, max_gap: float) -> dict:
@@ -91,73 +61,55 @@ def run_audit(em: EvalModel, out: Path, stride: int | None = None, max_gap: floa
               records: int | None = None, demos: int | None = None, filler: int | None = None, seed: int = 0,
               batch_size: int = 32, interval: str | None = None, progress: bool = True) -> dict:
     """Evaluate, test periodicity, write OUT/audit.json and OUT/audit.png; returns the verdict (with
-    `exit_code`)."""
-    from phasekv.eval.run import _atomic_text, _json_default, run_retrieval
-
+    `exit_code`). task: a retrieval protocol (`phasekv.eval.protocols`), or auto: the one for the model's kind."""
     if max_gap < 0:
         raise ConfigError(f"--max-gap {max_gap} must be >= 0 (points)")
-    if task == "auto":
-        task = "lookup" if em.kind == "phasekv" else "needle"
-    if task not in ("lookup", "needle"):
-        raise ConfigError(f"--task must be auto, lookup or needle, got {task!r}")
+    names = [p.name for p in retrieval_protocols()]
+    if task != "auto" and task not in names:
+        raise ConfigError(f"--task must be auto, {', '.join(names[:-1])} or {names[-1]}, got {task!r}")
+    proto = for_model(em) if task == "auto" else protocol(task)
     stride = stride or em.stride
-    cfg = prompt_config(em, task, per_group, modulus, context, records, demos, filler, seed)
+    cfg = proto.fit(em, per_group=per_group, modulus=modulus, context=context, records=records, demos=demos,
+                    filler=filler, seed=seed)
     if stride is not None and (stride < 1 or cfg.modulus % stride):
         raise ConfigError(f"--stride {stride} must divide the modulus {cfg.modulus} (pass --modulus)")
     out = Path(out)
-    interval = interval or ("bootstrap" if task == "lookup" else "wilson")
-    summary = run_retrieval(task, em, cfg, out / task, batch_size=batch_size, interval=interval, stride=stride,
-                            progress=progress)
+    summary = run_retrieval(proto.name, em, cfg, out / proto.name, batch_size=batch_size,
+                            interval=interval or proto.interval, stride=stride, progress=progress)
     v = verdict(summary, stride, max_gap)
     n_values = summary.get("provenance", {}).get("word_pools", {}).get("values")
     v["chance"] = 100.0 / n_values if n_values else None  # guessing among the value words
     v["near_chance"] = v["chance"] is not None and v["mean_ci"][0] <= 2 * v["chance"]
-    v.update(model=em.name, task=task, protocol=summary["protocol"], prompt_length=summary["prompt_length"],
-             n_prompts=summary["n_prompts"], exit_code=PASS if v["pass"] else FAIL, evaluation=str(out / task))
-    plot_audit(summary, v, out / "audit.png")
-    _atomic_text(out / "audit.json", json.dumps(v, indent=2, default=_json_default))
+    v.update(model=em.name, task=proto.name, protocol=summary["protocol"], prompt_length=summary["prompt_length"],
+             n_prompts=summary["n_prompts"], exit_code=PASS if v["pass"] else FAIL, evaluation=str(out / proto.name))
+    to_png(audit_figure(summary, v), out / "audit.png")
+    write_json(out / "audit.json", v, default=json_default)
     return v
 
 
-def plot_audit(summary: dict, v: dict, path: Path) -> None:
-    """Left: accuracy by residue with its band, weakest residues marked. Right: the profile folded mod S."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from phasekv.eval.report import _save
-
+def audit_figure(summary: dict, v: dict) -> Figure:
+    """Left: accuracy by residue with its band, the weakest residues circled. Right: the profile folded mod S."""
     g = summary["groups"]
-    r = np.array([x["residue"] for x in g])
-    acc = np.array([x["acc"] for x in g])
+    r, acc = [x["residue"] for x in g], [x["acc"] for x in g]
     S, M = v["stride"], len(g)
-    fig, axes = plt.subplots(1, 2 if S and M % S == 0 and S < M else 1, figsize=(10, 3.2), squeeze=False)
-    ax = axes[0, 0]
-    ax.fill_between(r, [x["lo"] for x in g], [x["hi"] for x in g], alpha=0.25, lw=0)
-    ax.plot(r, acc, "o-", ms=3)
-    for w in v["weakest_residues"]:
-        ax.plot(w["residue"], w["acc"], "o", color="C3", ms=7, mfc="none")
-    if S and S < M:
-        for b in range(S, M, S):
-            ax.axvline(b - 0.5, ls="--", color="gray", lw=0.8)
-    ax.set_xlabel(f"target position mod {M}")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_ylim(-3, 103)
-    verdict_word = "PASS" if v["pass"] else "FAIL"
-    ax.set_title(f"{v['model']} · {v['task']} · gap {v['gap']:.1f} [{v['gap_ci'][0]:.1f}, {v['gap_ci'][1]:.1f}] "
-                 f"vs max {v['max_gap']:g}: {verdict_word}", fontsize=8)
-    if axes.shape[1] == 2:
-        ax = axes[0, 1]
-        for k in range(M // S):
-            ax.plot(range(S), acc[k * S : (k + 1) * S], "-", color="gray", lw=0.7, alpha=0.7)
-        ax.plot(range(S), v["phase_profile"], "o-", color="C0", lw=2, label="mean over periods")
-        ax.set_xlabel(f"phase (position mod S={S})")
-        ax.set_ylim(-3, 103)
-        ax.set_title(f"folded mod {S}: detected period {v['detected_period']}", fontsize=8)
-        ax.legend(fontsize=7)
-    _save(fig, path)
-    plt.close(fig)
+    word = "PASS" if v["pass"] else "FAIL"
+    weak = v["weakest_residues"]
+    left = Panel([Trace("band", r, [x["lo"] for x in g], [x["hi"] for x in g], alpha=0.25),
+                  Trace("line", r, acc, marker="circle", size=3),
+                  Trace("points", [w["residue"] for w in weak], [w["acc"] for w in weak], color="#d62728",
+                        marker="circle-open", size=7)],
+                 title=f"{v['model']} · {v['task']} · gap {v['gap']:.1f} [{v['gap_ci'][0]:.1f}, {v['gap_ci'][1]:.1f}] "
+                       f"vs max {v['max_gap']:g}: {word}",
+                 xlabel=f"target position mod {M}", ylabel="accuracy (%)", ylim=(-3, 103), width=1.6,
+                 guides=[Guide(x=b - 0.5) for b in range(S, M, S)] if S and S < M else [])
+    panels = [left]
+    if S and M % S == 0 and S < M:
+        folds = [Trace("line", list(range(S)), acc[k * S: (k + 1) * S], color=GREY, width=0.7, alpha=0.7)
+                 for k in range(M // S)]
+        mean = Trace("line", list(range(S)), v["phase_profile"], name="mean over periods", width=2, marker="circle")
+        panels.append(Panel([*folds, mean], title=f"folded mod {S}: detected period {v['detected_period']}",
+                            xlabel=f"phase (position mod S={S})", ylim=(-3, 103), legend=True))
+    return Figure(panels, size=(10, 3.2))
 
 
 def print_verdict(v: dict, console) -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from phasekv.eval.cli import ENGINE, model_from_flags
+
 console = Console()
 
 
@@ -31,7 +33,8 @@ def compare_command(
     attention; a phase ensemble of k shifts costs k decode passes. Example:
     phasekv compare runs/eval/full runs/eval/w8s8 runs/eval/w8s8-ens8 runs/eval/stagger --out runs/compare
     """
-    from phasekv.mitigate.compare import Bench, compare, table, verdict_lines
+    from phasekv.mitigate.compare import Bench, compare, table
+    from phasekv.mitigate.criteria import verdict_lines
 
     bench = Bench(reps=bench_reps, decode_context=decode_context)
     s = compare(runs, out, reference=reference, baseline=baseline, protocol=padding, context=context,
@@ -44,12 +47,15 @@ def compare_command(
 
 
 def audit_command(
-    model: Path = typer.Option(..., "--model", help="A phasekv run/model directory or a Hugging Face causal LM "
-                                                    "directory."),
+    model: Path = typer.Option(None, "--model", help="A phasekv run/model directory or a Hugging Face causal LM "
+                                                     "directory (or --server)."),
+    server: str = ENGINE["server"],
+    served_model: str = ENGINE["served_model"],
+    concurrency: int = ENGINE["concurrency"],
     stride: int = typer.Option(None, help="Compression stride S to test for (default: the model's)."),
     max_gap: float = typer.Option(10.0, "--max-gap", help="Gap threshold in points: exit 0 below it, 3 otherwise."),
     out: Path = typer.Option(None, "--out", help="Output directory (default: ./audit-<model dir name>)."),
-    task: str = typer.Option("auto", help="auto (lookup for phasekv models, needle otherwise) | lookup | needle."),
+    task: str = typer.Option("auto", help="auto (lookup for phasekv models and their exports, needle otherwise) | lookup | needle."),
     context: int = typer.Option(None, help="Needle context tokens (default: what fits the device and model)."),
     per_group: int = typer.Option(None, "--per-group", help="Prompts per residue group (lookup 576, needle 64)."),
     modulus: int = typer.Option(None, help="Residue groups M (lookup 24, needle 8)."),
@@ -67,11 +73,10 @@ def audit_command(
 
     Example: phasekv audit --model runs/w8s8 --stride 8 --max-gap 10
     """
-    from phasekv.eval.cli import _load
     from phasekv.mitigate.audit import print_verdict, run_audit
 
-    em = _load(model, device, trust_remote_code, tokenizer)
-    out = out or Path(f"audit-{Path(model).resolve().name}")
+    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer)
+    out = out or Path(f"audit-{Path(model).resolve().name if model else served_model}")
     v = run_audit(em, out, stride=stride, max_gap=max_gap, task=task, per_group=per_group, modulus=modulus,
                   context=context, records=records, demos=demos, filler=filler, seed=seed, batch_size=batch_size)
     print_verdict(v, console)

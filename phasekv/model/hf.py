@@ -33,6 +33,8 @@ LAYER_NAMES = {
 }
 GLOBAL_NAMES = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
                 "lm_head.weight": "lm_head.weight"}
+EVAL_KEY = "phasekv_evaluation"  # config.json key of an export: what its evaluation needs from the run (recall
+#                                  words and layout, training length); phasekv.eval.models reads it back
 
 
 def _rope_theta(hf_config) -> float:
@@ -78,8 +80,9 @@ def from_hf(hf_model):
     return model
 
 
-def to_hf(model):
-    """transformers Qwen3ForCausalLM with this (full-attention) model's weights."""
+def to_hf(model, evaluation: dict | None = None):
+    """transformers Qwen3ForCausalLM with this (full-attention) model's weights; `evaluation` (the run's
+    evaluation metadata) goes into its config under EVAL_KEY, so `save_pretrained` writes it beside the weights."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     c = model.config
@@ -92,6 +95,7 @@ def to_hf(model):
         num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads, head_dim=c.head_dim,
         max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps, tie_word_embeddings=c.tie_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta}, attention_bias=False,
+        **({EVAL_KEY: evaluation} if evaluation else {}),
     )
     hf_model = Qwen3ForCausalLM(hf_config)
     ours = model.state_dict()

@@ -108,10 +108,10 @@ class PhaseLM(nn.Module):
 
         return from_hf(hf_model)
 
-    def to_hf(self):
+    def to_hf(self, evaluation: dict | None = None):
         from phasekv.model.hf import to_hf
 
-        return to_hf(self)
+        return to_hf(self, evaluation)
 
 
 def _init_weights(module: nn.Module, cfg: ModelConfig) -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phasekv.report.load import Study
+from phasekv.eval.protocols import LOOKUP
+from phasekv.report.load import Study, retrieval_evals
 from phasekv.report.published import CYCLING_R2
+from phasekv.report.tables import r2_grid
 
 ALPHA = 0.05  # significance level for "periodic"
 
@@ -46,12 +48,13 @@ def entries_per_record(s: dict, stride: int) -> tuple[float, str] | None:
     return n, f"{cfg['n_layers']} layers × {cfg.get('n_kv_heads', 1)} KV × {per_record} tokens per record / S={stride}"
 
 
-def lookup_checks(study: Study, padding: str) -> list[Check]:
-    stages = study.lookup.get(padding, {})
+def lookup_checks(study: Study, padding: str, protocol: str = LOOKUP.name) -> list[Check]:
+    """The checks of a retrieval protocol's evaluations under one padding (default: the lookup)."""
+    stages = study.evals.get(protocol, {}).get(padding, {})
     models = study.models
     out: list[Check] = []
     if not stages:
-        return [Check(f"lookup evaluation ({padding} padding) was run", None, "no results found")]
+        return [Check(f"{protocol} evaluation ({padding} padding) was run", None, "no results found")]
     learned = {}
     for alias, st in stages.items():  # without retrieval there is no phase pattern to measure
         s = st.summary
@@ -102,8 +105,6 @@ def lookup_checks(study: Study, padding: str) -> list[Check]:
 
 
 def cycling_checks(study: Study) -> list[Check]:
-    from phasekv.report.tables import r2_grid
-
     grid = r2_grid(study)
     if grid is None or grid.empty:
         return []
@@ -129,7 +130,8 @@ def theory_checks(study: Study) -> list[Check]:
 
 def all_checks(study: Study) -> dict[str, list[Check]]:
     return {
-        **{f"lookup, {p} padding": lookup_checks(study, p) for p in study.lookup if study.lookup[p]},
+        **{f"{name}, {p} padding": lookup_checks(study, p, name) for name, variants in retrieval_evals(study).items()
+           for p, stages in variants.items() if stages},
         "gate cycling": cycling_checks(study),
         "theory": theory_checks(study),
     }

@@ -15,22 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from phasekv.io import jsonable
+
 esc = html.escape
-
-
-def clean(obj):
-    """JSON-safe copy: NaN/inf -> null, numpy scalars and arrays -> Python."""
-    if isinstance(obj, dict):
-        return {str(k): clean(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [clean(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return clean(obj.tolist())
-    if isinstance(obj, np.generic):
-        return clean(obj.item())
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 def fmt(v, digits: int = 1) -> str:
@@ -59,7 +46,7 @@ def table(headers: list[str], rows: list[list[str]], row_models: list[str | None
 
 def figure(fig_id: str, spec: dict, caption: str, png: str | None) -> str:
     """A plotly figure slot (data in a JSON script tag), its caption, its PNG link and a no-JS fallback."""
-    data = json.dumps(clean(spec), separators=(",", ":")).replace("</", "<\\/")
+    data = json.dumps(jsonable(spec), separators=(",", ":")).replace("</", "<\\/")
     link = f' <a href="{esc(png)}">PNG</a>' if png else ""
     fallback = f'<noscript><img src="{esc(png)}" alt="{esc(caption)}"></noscript>' if png else ""
     return (f'<figure><div class="pkv-plot" id="{fig_id}"></div>'

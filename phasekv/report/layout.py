@@ -3,8 +3,8 @@
 
     DIR/demo.json                         the demo's manifest: mode, models, settings, stage timings
     DIR/runs/<alias>/                     training runs (`phasekv train`): config.json, metrics.jsonl, gates.jsonl
-    DIR/eval/lookup-<padding>/<alias>/    lookup evaluation (`phasekv eval lookup`): results.parquet, summary.json
-    DIR/eval/flip/<alias>/                filler sweep (`phasekv eval flip`)
+    DIR/eval/<stage>/<alias>/             an evaluation protocol's variant (`phasekv.eval.protocols`): results.parquet,
+                                          summary.json; lookup-<padding> (`phasekv eval lookup`), flip (filler sweep)
     DIR/eval/examples.json                a few lookup prompts as words, target marked (for the report)
     DIR/analysis/knockout/<alias>/        KV-head knockouts (`phasekv analyze knockout`)
     DIR/analysis/gates/<alias>/           gate concentration (`phasekv analyze gates`)
@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PADDINGS = ("prefix", "in-sequence")
+from phasekv.eval.protocols import FLIP, LOOKUP
+
 ANALYSES = ("knockout", "gates", "cycle")
 THEORY_CHECKS = ("minimisers", "flow", "coverage")
 RESULTS, SUMMARY = "results.parquet", "summary.json"
@@ -39,11 +40,15 @@ class Layout:
     def run(self, alias: str) -> Path:
         return self.root / "runs" / alias
 
+    def evaluation(self, stage: str) -> Path:
+        """The directory of an evaluation stage (`Protocol.stage`: `lookup-prefix`, `flip`), one model per alias."""
+        return self.root / "eval" / stage
+
     def lookup(self, padding: str, alias: str) -> Path:
-        return self.root / "eval" / f"lookup-{padding}" / alias
+        return self.evaluation(LOOKUP.stage(padding)) / alias
 
     def flip(self, alias: str) -> Path:
-        return self.root / "eval" / "flip" / alias
+        return self.evaluation(FLIP.stage(None)) / alias
 
     @property
     def examples(self) -> Path:

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from phasekv.attention.compressor import learned_gates
+from phasekv.config import ModelConfig
 from phasekv.errors import DataError
-from phasekv.report.layout import ANALYSES, PADDINGS, RESULTS, SUMMARY, THEORY_CHECKS, Layout
+from phasekv.eval.protocols import FLIP, LOOKUP, PROTOCOLS, retrieval_protocols
+from phasekv.report.layout import ANALYSES, RESULTS, SUMMARY, THEORY_CHECKS, Layout
 
 
 @dataclass
@@ -34,6 +37,7 @@ class Model:
     window: int  # 0 for full attention
     stride: int  # 0 for full attention
     gate: str  # scalar | vector | uniform
+    learned_gates: bool  # has gate parameters whose statistics the report shows (asked of the compressor variant)
     run: dict = field(default_factory=dict)  # training settings and outcome (preset, steps, seed, time, ...)
     metrics: pd.DataFrame | None = None  # metrics.jsonl rows
     gate_paths: pd.DataFrame | None = None  # gates.jsonl rows
@@ -48,15 +52,29 @@ class Study:
     root: Path
     manifest: dict
     models: dict[str, Model]  # alias -> model, in display order
-    lookup: dict[str, dict[str, Stage]]  # padding -> alias -> stage
-    flip: dict[str, Stage]
+    evals: dict[str, dict[str | None, dict[str, Stage]]]  # protocol -> variant (padding) -> alias -> stage
     analyses: dict[str, dict[str, Stage]]  # knockout | gates | cycle -> alias -> stage
     theory: dict[str, Stage]  # minimisers | flow | coverage -> stage
     examples: list[dict]
     compare: Stage | None = None  # `phasekv compare` (schema phasekv.compare/1)
 
+    @property
+    def lookup(self) -> dict[str, dict[str, Stage]]:
+        """padding -> alias -> stage of the lookup evaluation."""
+        return self.evals.get(LOOKUP.name, {})
+
+    @property
+    def flip(self) -> dict[str, Stage]:
+        return self.evals.get(FLIP.name, {}).get(None, {})
+
     def has_results(self) -> bool:
-        return any(self.lookup.values()) or bool(self.flip) or any(self.analyses.values()) or bool(self.theory)
+        return (any(st for variants in self.evals.values() for st in variants.values())
+                or any(self.analyses.values()) or bool(self.theory))
+
+
+def retrieval_evals(study: Study) -> dict[str, dict[str, dict[str, Stage]]]:
+    """The study's retrieval evaluations: protocol -> padding -> alias -> stage (`Protocol.retrieval`)."""
+    return {p.name: study.evals[p.name] for p in retrieval_protocols() if p.name in study.evals}
 
 
 def read_json(path: Path) -> dict:
@@ -103,15 +121,14 @@ def _stages(layout: Layout, parent: Path) -> dict[str, Stage]:
 
 def _model(alias: str, hints: dict) -> Model:
     """Compression attributes from the paper name (one source of truth), else from a result's summary."""
-    from phasekv.config import ModelConfig
-
     name = hints.get("name") or alias
     try:
         cfg = ModelConfig.from_name(name if "·" in name else alias)
-        return Model(alias, cfg.name, cfg.window, cfg.stride, cfg.gate)
+        return Model(alias, cfg.name, cfg.window, cfg.stride, cfg.gate, learned_gates(cfg))
     except Exception:  # a model phasekv cannot name (e.g. a Hugging Face directory): use what was recorded
         stride = int(hints.get("stride") or 0)
-        return Model(alias, name, int(hints.get("window") or stride), stride, hints.get("gate", "scalar"))
+        gate = hints.get("gate", "scalar")
+        return Model(alias, name, int(hints.get("window") or stride), stride, gate, stride > 0 and gate != "uniform")
 
 
 def _run_info(run_dir: Path) -> tuple[dict, pd.DataFrame | None, pd.DataFrame | None]:
@@ -147,8 +164,8 @@ def load_study(root: str | Path) -> Study:
     if not layout.root.is_dir():
         raise DataError(f"{layout.root}: no such study directory")
     manifest = read_json(layout.manifest) if layout.manifest.is_file() else {}
-    lookup = {p: _stages(layout, layout.root / "eval" / f"lookup-{p}") for p in PADDINGS}
-    flip = _stages(layout, layout.root / "eval" / "flip")
+    evals = {p.name: {v: _stages(layout, layout.evaluation(p.stage(v))) for v in p.study}
+             for p in PROTOCOLS.values() if p.study}
     analyses = {k: _stages(layout, layout.root / "analysis" / k) for k in ANALYSES}
     theory = {c: s for c in THEORY_CHECKS if (s := read_stage(layout.theory / c)) is not None}
     examples = read_json(layout.examples).get("examples", []) if layout.examples.is_file() else []
@@ -157,7 +174,7 @@ def load_study(root: str | Path) -> Study:
     order = list(manifest.get("models", {}))
     runs_dir = layout.root / "runs"
     seen = sorted(p.name for p in runs_dir.iterdir() if p.is_dir()) if runs_dir.is_dir() else []
-    for group in [*lookup.values(), flip, *analyses.values()]:
+    for group in [*(st for variants in evals.values() for st in variants.values()), *analyses.values()]:
         seen += list(group)
     for alias in seen:
         if alias not in order:
@@ -165,7 +182,7 @@ def load_study(root: str | Path) -> Study:
     models = {}
     for alias in order:
         hints = dict(manifest.get("models", {}).get(alias, {}))
-        for group in lookup.values():
+        for group in (st for p in retrieval_protocols() for st in evals.get(p.name, {}).values()):
             if alias in group:
                 s = group[alias].summary
                 hints.setdefault("name", s.get("model"))
@@ -176,4 +193,4 @@ def load_study(root: str | Path) -> Study:
             model.run, model.metrics, model.gate_paths = _run_info(run_dir)
         models[alias] = model
     models = dict(sorted(models.items(), key=lambda kv: (kv[1].compressed, kv[1].stride, kv[1].gate == "uniform")))
-    return Study(layout.root, manifest, models, lookup, flip, analyses, theory, examples, read_stage(layout.compare))
+    return Study(layout.root, manifest, models, evals, analyses, theory, examples, read_stage(layout.compare))

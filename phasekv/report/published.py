@@ -7,6 +7,7 @@ this code: the report prints them in their own, labelled columns and never mixes
 from __future__ import annotations
 
 SOURCE = "published (paper, SPEC §7)"
+PROTOCOL = ("lookup", "prefix")  # the evaluation (protocol, padding) the published lookup table comes from
 
 # Controlled lookup, prefix padding: (mean, worst, gap) in points, Qwen3-0.6B-shaped models trained from scratch
 LOOKUP_PREFIX: dict[str, tuple[float, float, float]] = {

@@ -6,16 +6,22 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from functools import partial
 from pathlib import Path
 
+from plotly.offline import get_plotlyjs
+from rich.progress import Progress
+
 from phasekv.errors import DataError
+from phasekv.eval.figure import PALETTE, Figure, to_plotly, to_png
+from phasekv.eval.protocols import retrieval_protocols
 from phasekv.io import write_text
-from phasekv.report import checks, html, plots, pngs, published, tables
+from phasekv.mitigate.criteria import verdict_lines
+from phasekv.report import checks, figures, html, published, tables
 from phasekv.report.html import esc, fmt
 from phasekv.report.layout import Layout
 from phasekv.report.load import Study, load_study
 
-PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 BASELINE_COLOR = "#222222"
 
 
@@ -43,13 +49,14 @@ class Builder:
     def add(self, anchor: str, title: str, body: str) -> None:
         self.sections.append((anchor, title, body))
 
-    def fig(self, spec: dict | None, caption: str, png: Path | None) -> str:
-        if png is not None:
-            self.pngs.append(png)
-        if spec is None:
+    def fig(self, figure: Figure | None, caption: str, name: str) -> str:
+        """The figure as figures/NAME.png and as an interactive plot in the page ("" when there is none)."""
+        if figure is None:
             return ""
+        png = to_png(figure, self.png_path(name))
+        self.pngs.append(png)
         self.n_fig += 1
-        return html.figure(f"fig{self.n_fig}", spec, caption, f"figures/{png.name}" if png else None)
+        return html.figure(f"fig{self.n_fig}", to_plotly(figure), caption, f"figures/{png.name}")
 
     def png_path(self, name: str) -> Path:
         return self.fig_dir / f"{name}.png"
@@ -86,9 +93,7 @@ def section_runs(b: Builder) -> None:
              fmt(r.seconds, 0), fmt(r.val_loss, 3), esc(str(r.status))] for r in df.itertuples()]
     body = html.table(["model", "alias", "preset", "steps", "tokens", "seed", "train time (s)", "validation loss",
                        "status"], rows, list(df.alias))
-    spec = plots.training_figure(b.study, b.colors)
-    png = pngs.training_png(b.study, b.colors, b.png_path("training_loss"))
-    body += b.fig(spec, "Training loss per model.", png)
+    body += b.fig(figures.training(b.study, b.colors), "Training loss per model.", "training_loss")
     m = b.study.manifest
     if m:
         data = m.get("data") or {}
@@ -104,10 +109,10 @@ def _p(v) -> str:
     return "–" if v is None or v != v else f"{v:.4f}"
 
 
-def _summary_rows(df, padding: str) -> tuple[list[list[str]], list[str]]:
+def _summary_rows(df, published_rows: bool) -> tuple[list[list[str]], list[str]]:
     rows = []
     for r in df.itertuples():
-        pub = published.counterpart(r.model) if padding == "prefix" else None
+        pub = published.counterpart(r.model) if published_rows else None
         p = published.LOOKUP_PREFIX.get(pub) if pub else None
         rows.append([
             esc(r.model), fmt(r.val_loss, 3), fmt(r.mean), fmt(r.worst), fmt(r.best),
@@ -118,43 +123,53 @@ def _summary_rows(df, padding: str) -> tuple[list[list[str]], list[str]]:
     return rows, list(df.alias)
 
 
-def section_lookup(b: Builder) -> None:
-    study = b.study
+def _selector(b: Builder) -> str:
     buttons = "".join(
         f'<button data-model="{esc(a)}"><span class="swatch" style="background:{b.colors[a]}"></span>'
-        f"{esc(m.name)}</button>" for a, m in study.models.items())
-    body = (f'<div id="model-selector"><button data-model="all" class="active">all models</button>{buttons}</div>'
+        f"{esc(m.name)}</button>" for a, m in b.study.models.items())
+    return (f'<div id="model-selector"><button data-model="all" class="active">all models</button>{buttons}</div>'
             "<p>Select a model (buttons or table rows) to plot it against the others in grey and to mark its "
             "stride's period boundaries (dashed).</p>")
-    any_ = False
-    for padding, stages in study.lookup.items():
-        if not stages:
-            continue
-        any_ = True
-        df = tables.summary_table(study, padding)
-        rows, models = _summary_rows(df, padding)
-        first = next(iter(stages.values())).summary
-        body += f"<h3>{esc(padding)} padding</h3>"
-        body += html.table(
-            ["model", "val. loss", "mean", "worst", "best", "gap [95% CI]", "detected period", "stride",
-             "periodicity p", f'<span class="published">{esc(published.SOURCE)}: mean / worst / gap</span>'],
-            rows, models)
-        interval = first.get("interval", "bootstrap")
-        body += (f"<p>Accuracy in percent over {fmt(int(df.n.iloc[0]))} prompts per model "
-                 f"({fmt(first['groups'][0]['n'])} per residue group, M = {first.get('modulus')}); gap = best − worst "
-                 f"group; its interval is a bootstrap over key–name mappings; group bands: {esc(interval)}. "
-                 "Published values are the paper's Qwen3-0.6B-shaped models (not run here) and only the "
-                 "pattern, not the level, is comparable with these tiny models.</p>")
-        body += b.fig(plots.residue_figure(study, padding, b.colors),
-                      f"Accuracy by target-key position mod {first.get('modulus')} ({esc(padding)} padding), 95% bands.",
-                      pngs.residue_png(study, padding, b.colors, b.png_path(f"accuracy_by_residue_{padding}")))
-        body += b.fig(plots.fold_figure(study, padding, b.colors),
-                      "Fold view: each compressed model's profile cut into stride periods and overlaid "
-                      "(first period solid, later ones dashed); periodic weak spots line up.",
-                      pngs.fold_png(study, padding, b.colors, b.png_path(f"fold_{padding}")))
-    if not any_:
-        body += missing("lookup evaluation", "phasekv eval lookup")
-    b.add("lookup", "Lookup accuracy by residue", body)
+
+
+def _padding_block(b: Builder, name: str, padding: str, stages: dict, primary: bool) -> str:
+    """One padding of a retrieval protocol: the summary table (published numbers beside ours where the paper
+    has them), the accuracy by residue and the fold view (PNGs named by the padding alone for the primary
+    protocol, else by protocol and padding)."""
+    study = b.study
+    df = tables.summary_table(study, stages)
+    rows, models = _summary_rows(df, (name, padding) == published.PROTOCOL)
+    first = next(iter(stages.values())).summary
+    body = f"<h3>{esc(padding)} padding</h3>"
+    body += html.table(
+        ["model", "val. loss", "mean", "worst", "best", "gap [95% CI]", "detected period", "stride",
+         "periodicity p", f'<span class="published">{esc(published.SOURCE)}: mean / worst / gap</span>'],
+        rows, models)
+    interval = first.get("interval", "bootstrap")
+    body += (f"<p>Accuracy in percent over {fmt(int(df.n.iloc[0]))} prompts per model "
+             f"({fmt(first['groups'][0]['n'])} per residue group, M = {first.get('modulus')}); gap = best − worst "
+             f"group; its interval is a bootstrap over key–name mappings; group bands: {esc(interval)}. "
+             "Published values are the paper's Qwen3-0.6B-shaped models (not run here) and only the "
+             "pattern, not the level, is comparable with these tiny models.</p>")
+    stem = padding if primary else f"{name}_{padding}"
+    body += b.fig(figures.residue(study, stages, padding, b.colors),
+                  f"Accuracy by target-key position mod {first.get('modulus')} ({esc(padding)} padding), 95% bands.",
+                  f"accuracy_by_residue_{stem}")
+    body += b.fig(figures.fold(study, stages, padding, b.colors),
+                  "Fold view: each compressed model's profile cut into stride periods and overlaid "
+                  "(first period solid, later ones dashed); periodic weak spots line up.", f"fold_{stem}")
+    return body
+
+
+def section_retrieval(b: Builder, name: str, primary: bool) -> None:
+    """A retrieval protocol's evaluations under each padding; the primary (first) one holds the model selector."""
+    body = _selector(b) if primary else ""
+    variants = {pad: st for pad, st in b.study.evals.get(name, {}).items() if st}
+    for padding, stages in variants.items():
+        body += _padding_block(b, name, padding, stages, primary)
+    if not variants:
+        body += missing(f"{name} evaluation", f"phasekv eval {name}")
+    b.add(name, f"{name.capitalize()} accuracy by residue", body)
 
 
 def _prompt_html(ex: dict, study: Study) -> str:
@@ -202,9 +217,9 @@ def section_flip(b: Builder) -> None:
     body += (f"<p>Candidates: {', '.join(f'<code>{esc(c)}</code>' for c in cands)} (the first is the right answer). "
              "A ranking follows the pattern when its winner is the majority winner of its phase L mod S; a model "
              "whose winner never changes follows it trivially, so read it together with the changes column.</p>")
-    body += b.fig(plots.flip_figure(study, b.colors),
+    body += b.fig(figures.flip(study, b.colors),
                   "Probability of the first candidate as filler is added one token at a time; select a model to "
-                  "mark its stride.", pngs.flip_png(study, b.colors, b.png_path("flip_sweep")))
+                  "mark its stride.", "flip_sweep")
     b.add("flip", "Filler sweep", body)
 
 
@@ -214,28 +229,27 @@ def section_knockout(b: Builder) -> None:
         m = study.models[alias]
         if st.results is None:
             continue
-        body += b.fig(plots.knockout_figure(st, m.name, m.stride),
+        body += b.fig(figures.knockout(st, m.name),
                       f"{esc(m.name)}: relative accuracy change when one KV head's query-head outputs at the final "
                       "position are replaced by their calibration mean (red lost, blue gained, clipped ±100%).",
-                      pngs.knockout_png(st, m.name, m.stride, b.png_path(f"knockout_{alias}")))
+                      f"knockout_{alias}")
     b.add("knockout", "Knockout maps", body or missing("knockouts", "phasekv analyze knockout"))
 
 
 def section_gates(b: Builder) -> None:
     study = b.study
-    spec = plots.gate_plane_figure(study, b.colors)
-    png = pngs.gate_plane_png(study, b.colors, b.png_path("gate_plane"))
-    if spec is None:
+    plane = figures.gate_plane(study, b.colors)
+    if plane is None:
         b.add("gates", "Gate concentration", missing("gate statistics", "phasekv analyze gates"))
         return
-    body = b.fig(spec, "Each point is one KV head's key gate at the end of training: static effective number of "
+    body = b.fig(plane, "Each point is one KV head's key gate at the end of training: static effective number of "
                  "offsets (horizontal) against the per-window one (vertical). Dashed: the diagonal (same scores in "
                  "every window); dotted: the right edge W (uniform on average). Lines: training paths from step 1 "
-                 "(open circle). Uniform averaging has no gate and is omitted.", png)
+                 "(open circle). Uniform averaging has no gate and is omitted.", "gate_plane")
     rows = []
     for alias, st in study.analyses.get("gates", {}).items():
         m = study.models[alias]
-        if st.results is None or "static" not in st.results or m.gate == "uniform":
+        if st.results is None or "static" not in st.results or not m.learned_gates:
             continue
         for r in tables.gate_points(st).itertuples():
             rows.append([esc(m.name), fmt(int(r.layer)), fmt(int(r.kv_head)), fmt(r.static, 2), fmt(r.per_window, 2)])
@@ -246,30 +260,30 @@ def section_gates(b: Builder) -> None:
 def section_alignment(b: Builder) -> None:
     study, body = b.study, ""
     for alias, m in study.models.items():
-        spec = plots.alignment_figure(study, alias)
-        if spec is None:
+        fig = figures.alignment(study, alias)
+        if fig is None:
             continue
-        body += b.fig(spec, f"{esc(m.name)}: per KV head, the key gate's static concentration, the mean key and "
+        body += b.fig(fig, f"{esc(m.name)}: per KV head, the key gate's static concentration, the mean key and "
                       "value gate scores by phase relative to uniform (value shifted back one offset), and the "
-                      "knockout effect by phase.", pngs.alignment_png(study, alias, b.png_path(f"alignment_{alias}")))
+                      "knockout effect by phase.", f"alignment_{alias}")
     b.add("alignment", "Gate preferences vs knockout losses",
           body or missing("gate statistics with knockouts", "phasekv analyze gates / knockout"))
 
 
 def section_cycle(b: Builder) -> None:
     study = b.study
-    body = b.fig(plots.r2_figure(study), "R² of predicted against observed accuracy change per model and δ "
+    body = b.fig(figures.r2(study), "R² of predicted against observed accuracy change per model and δ "
                  f"(published range: {published.CYCLING_R2[0]:.2f}–{published.CYCLING_R2[1]:.2f}, labelled "
-                 "published, not measured here).", pngs.r2_png(study, b.png_path("cycling_r2")))
+                 "published, not measured here).", "cycling_r2")
     grid = tables.r2_grid(study)
     if grid is not None:
         rows = [[esc(study.models[r.alias].name if r.alias in study.models else r.alias), f"{r.delta:+d}",
                  fmt(r.r2, 2), f"[{fmt(r.lo, 2)}, {fmt(r.hi, 2)}]"] for r in grid.itertuples()]
         body += html.table(["model", "δ", "R²", "95% CI"], rows)
     for alias in study.analyses.get("cycle", {}):
-        body += b.fig(plots.cycle_figure(study, alias, b.colors),
+        body += b.fig(figures.cycle(study, alias),
                       "Observed accuracy after cycling the gates by δ (solid) against the prediction "
-                      "A₀((r − δ) mod S) (dashed).", pngs.cycle_png(study, alias, b.png_path(f"cycling_{alias}")))
+                      "A₀((r − δ) mod S) (dashed).", f"cycling_{alias}")
     b.add("cycling", "Gate cycling", body or missing("gate cycling", "phasekv analyze cycle"))
 
 
@@ -297,8 +311,6 @@ def section_compare(b: Builder) -> None:
     if st is None or st.summary.get("schema") != "phasekv.compare/1":
         b.add("compare", "Cost and gap", missing("comparison", "phasekv compare"))
         return
-    from phasekv.mitigate.compare import verdict_lines
-
     s = st.summary
 
     def ci(r, k):
@@ -373,8 +385,6 @@ def _honest_note(study: Study) -> str:
 
 def render_report(root: str | os.PathLike, progress: bool = True) -> Path:
     """Render ROOT/report/index.html and ROOT/report/figures/*.png; returns the index path."""
-    from plotly.offline import get_plotlyjs
-
     study = load_study(root)
     if not study.has_results() and not study.models:
         raise DataError(f"{root}: no results to report (expected runs/, eval/, analysis/ or theory/ inside)")
@@ -383,14 +393,16 @@ def render_report(root: str | os.PathLike, progress: bool = True) -> Path:
     fig_dir.mkdir(parents=True, exist_ok=True)
     b = Builder(study, fig_dir)
     t0 = time.time()
-    steps = [section_verdicts, section_runs, section_lookup, section_examples, section_flip, section_knockout,
-             section_gates, section_alignment, section_cycle, section_compare, section_theory, section_published]
-    from rich.progress import Progress
-
+    retrieval = [p.name for p in retrieval_protocols() if p.study]
+    steps = [("verdicts", section_verdicts), ("runs", section_runs),
+             *((n, partial(section_retrieval, name=n, primary=i == 0)) for i, n in enumerate(retrieval)),
+             *((f.__name__.removeprefix("section_"), f) for f in (
+                 section_examples, section_flip, section_knockout, section_gates, section_alignment, section_cycle,
+                 section_compare, section_theory, section_published))]
     with Progress(disable=not progress, transient=True) as prog:
         task = prog.add_task("report", total=len(steps))
-        for step in steps:
-            prog.update(task, description=f"report: {step.__name__.removeprefix('section_')}")
+        for label, step in steps:
+            prog.update(task, description=f"report: {label}")
             step(b)
             prog.advance(task)
     toc = '<nav class="toc">' + "".join(f'<a href="#{a}">{esc(t)}</a>' for a, t, _ in b.sections) + "</nav>"

@@ -33,6 +33,9 @@ EPS_OPT = typer.Option(None, "--eps", help="Comma list of equiangularity errors 
 BETA_OPT = typer.Option(None, "--beta", help="Comma list of unembedding scales beta.")
 L_OPT = typer.Option(None, "--L", help="Chunks per context L.")
 GAMMA_OPT = typer.Option(None, "--gamma", help="Attention scale gamma.")
+STEPS_FLOW = typer.Option(None, help="Gradient steps.")
+ETA_OPT = typer.Option(None, help="Step size of the discretised flow.")
+N_TEST = typer.Option(512, help="Held-out contexts for accuracy by position.")
 
 
 def _list(text: str | None, cast, name: str) -> list | None:
@@ -54,8 +57,13 @@ def _grid(base: checks.Grid, N, S, m, kappa, eps, beta, L, gamma) -> checks.Grid
     return replace(base, **{k: v for k, v in (lists | scalars).items() if v is not None})
 
 
-def _set(opts, **values):
-    return replace(opts, **{k: v for k, v in values.items() if v is not None})
+def _settings(grids: dict, options: dict, quick: bool, grid_args: tuple, **values):
+    """(grid, options) of a check: its full or quick defaults, overridden by the options given (counts >= 1)."""
+    mode = "quick" if quick else "full"
+    grid = _grid(grids[mode], *grid_args)
+    opts = replace(options[mode], **{k: v for k, v in values.items() if v is not None})
+    _validate_counts(opts)
+    return grid, opts
 
 
 def _report(summary: dict, out: Path) -> None:
@@ -80,10 +88,8 @@ def minimisers(
     (max_r p^K(r) and the value mass on r+1) and, at eps = 0, compares distinct against colliding one-hot
     assignments exactly. Writes summary.json, results.parquet, assignments.parquet, minimisers.png.
     """
-    mode = "quick" if quick else "full"
-    grid = _grid(checks.MINIMISER_GRIDS[mode], N, S, m, kappa, eps, beta, L, gamma)
-    opts = _set(checks.MINIMISER_OPTS[mode], starts=starts, steps=steps, lr=lr, seed=seed)
-    _validate_counts(opts)
+    grid, opts = _settings(checks.MINIMISER_GRIDS, checks.MINIMISER_OPTS, quick, (N, S, m, kappa, eps, beta, L, gamma),
+                           starts=starts, steps=steps, lr=lr, seed=seed)
     _report(checks.minimisers_check(out, grid, opts, progress=progress, threads=threads), out)
 
 
@@ -92,9 +98,8 @@ def flow(
     out: Path = OUT, quick: bool = QUICK, N: str = N_OPT, S: str = S_OPT, m: str = M_OPT, kappa: str = KAPPA_OPT,
     eps: str = EPS_OPT, beta: str = BETA_OPT, L: int = L_OPT, gamma: float = GAMMA_OPT,
     rho: str = typer.Option(None, help="Comma list of initial radii rho."),
+    steps: int = STEPS_FLOW, eta: float = ETA_OPT,
     runs: int = typer.Option(None, help="Independent initialisations per setting."),
-    steps: int = typer.Option(None, help="Gradient steps."),
-    eta: float = typer.Option(None, help="Step size of the discretised flow."),
     batch: int = typer.Option(None, help="Monte Carlo contexts per step and run."),
     seed: int = SEED, threads: int = THREADS, progress: bool = PROGRESS,
 ) -> None:
@@ -104,11 +109,9 @@ def flow(
     p^K(r_h) and p^V(r_h + 1) per head; reports chosen positions and the collision rate against independent
     uniform choice. Writes summary.json, results.parquet, gate_paths.png, collision_rate.png.
     """
-    mode = "quick" if quick else "full"
-    grid = _grid(checks.FLOW_GRIDS[mode], N, S, m, kappa, eps, beta, L, gamma)
-    opts = _set(checks.FLOW_OPTS[mode], runs=runs, steps=steps, eta=eta, batch=batch, seed=seed)
-    _validate_counts(opts)
-    rhos = _list(rho, float, "rho") or checks.FLOW_RHOS[mode]
+    grid, opts = _settings(checks.FLOW_GRIDS, checks.FLOW_OPTS, quick, (N, S, m, kappa, eps, beta, L, gamma),
+                           runs=runs, steps=steps, eta=eta, batch=batch, seed=seed)
+    rhos = _list(rho, float, "rho") or checks.FLOW_RHOS["quick" if quick else "full"]
     _report(checks.flow_check(out, grid, opts, rhos, progress=progress, threads=threads), out)
 
 
@@ -116,11 +119,10 @@ def flow(
 def coverage(
     out: Path = OUT, quick: bool = QUICK, N: str = N_OPT, S: str = S_OPT, m: str = M_OPT, kappa: str = KAPPA_OPT,
     eps: str = EPS_OPT, beta: str = BETA_OPT, L: int = L_OPT, gamma: float = GAMMA_OPT,
+    n_test: int = N_TEST,
     rho: float = typer.Option(None, help="Initial radius rho."),
     runs: int = typer.Option(None, help="Trained models per setting."),
-    steps: int = typer.Option(None, help="Gradient steps."),
-    eta: float = typer.Option(None, help="Step size of the discretised flow."),
-    n_test: int = typer.Option(512, help="Held-out contexts for accuracy by position."),
+    steps: int = STEPS_FLOW, eta: float = ETA_OPT,
     seed: int = SEED, threads: int = THREADS, progress: bool = PROGRESS,
 ) -> None:
     """Coverage: are positions that no head selected weak phases?
@@ -129,10 +131,8 @@ def coverage(
     head's chosen position (and the distinct Theorem 1 optimum). Writes summary.json, results.parquet,
     flow.parquet, accuracy_by_position.png.
     """
-    mode = "quick" if quick else "full"
-    grid = _grid(checks.COVERAGE_GRIDS[mode], N, S, m, kappa, eps, beta, L, gamma)
-    opts = _set(checks.COVERAGE_OPTS[mode], rho=rho, runs=runs, steps=steps, eta=eta, seed=seed)
-    _validate_counts(opts)
+    grid, opts = _settings(checks.COVERAGE_GRIDS, checks.COVERAGE_OPTS, quick, (N, S, m, kappa, eps, beta, L, gamma),
+                           rho=rho, runs=runs, steps=steps, eta=eta, seed=seed)
     if n_test < 1:
         raise ConfigError(f"--n-test must be >= 1, got {n_test}")
     _report(checks.coverage_check(out, grid, opts, n_test=n_test, progress=progress, threads=threads), out)

@@ -31,20 +31,8 @@ def write_parquet(df: pd.DataFrame, path: Path) -> None:
     phasekv.io.write_parquet(path, df)
 
 
-def _jsonable(obj):
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return None
-    return obj
-
-
 def write_json(obj: dict, path: Path) -> None:
-    phasekv.io.write_text(path, json.dumps(_jsonable(obj), indent=2) + "\n")
+    phasekv.io.write_text(path, json.dumps(phasekv.io.jsonable(obj), indent=2) + "\n")
 
 
 def save_figure(fig, path: Path) -> None:

@@ -99,61 +99,15 @@ def run_minimisers(configs: list[TheoryConfig], opts: MinimiserOptions, progress
         task = prog.add_task("theory minimisers", total=len(configs))
         for i, cfg in enumerate(configs):
             emb = make_embeddings(cfg.N, cfg.kappa, cfg.eps, seed=opts.seed + i)
-            G = emb.gram
             n_ctx = 1 if cfg.eps == 0 else opts.contexts
             ctxs = sample_contexts(cfg, n_ctx, gen)
             ref = closed_form_distinct_loss(cfg) if cfg.eps == 0 else float("nan")
-            setting_rows = []
-            for c in range(n_ctx):
-                pK, pV, loss = optimise_rules(cfg, G, ctxs[c : c + 1], opts, gen)
-                oh = one_hotness(pK, pV)
-                for s in range(opts.starts):
-                    setting_rows.append({
-                        "setting": setting_label(cfg), **asdict(cfg), "context": c, "start": s,
-                        "loss": float(loss[s]), "closed_form_distinct": ref,
-                        "key_max_min": float(oh["key_max_min"][s]), "value_succ_min": float(oh["value_succ_min"][s]),
-                        "distinct": bool(oh["distinct"][s]), "static": bool(oh["static"][s]),
-                        "key_positions": ",".join(str(int(r) + 1) for r in oh["key_pos"][s, :, 0]),
-                    })
-            df = pd.DataFrame(setting_rows)
-            tol = opts.one_hot_tol
-            df["one_hot"] = (df.key_max_min >= 1 - tol) & (df.value_succ_min >= 1 - tol)
-            best = df.loc[df.groupby("context").loss.idxmin()]
-            df["is_best"] = df.index.isin(best.index)
-            near = df.loss <= df.groupby("context").loss.transform("min") + opts.loss_tol
-            summary = {
-                "setting": setting_label(cfg), "config": cfg.to_dict(), "contexts": n_ctx,
-                "loss_method": "exact-symmetry (one context)" if cfg.eps == 0 else "per-context exact, contexts sampled",
-                "best_loss": best.loss.tolist(),
-                "best_key_max_min": best.key_max_min.tolist(),
-                "best_value_succ_min": best.value_succ_min.tolist(),
-                "best_one_hot": bool(best.one_hot.all()),
-                "best_distinct": bool(best.distinct.all()),
-                "frac_starts_one_hot": float(df.one_hot.mean()),
-                "frac_starts_at_best": float(near.mean()),
-                "near_best_all_one_hot": bool(df[near].one_hot.all()),
-                "median_key_max_min": float(df.key_max_min.median()),
-            }
+            df = _starts(cfg, emb.gram, ctxs, ref, opts, gen)
+            summary = _summary(cfg, df, n_ctx, opts)
             if cfg.eps == 0:
                 table = assignment_table(cfg, emb)
                 tables.append(table)
-                d, c = table[table.distinct], table[~table.distinct]
-                gap = float(c.loss.min() - d.loss.min()) if len(c) else float("nan")
-                summary |= {
-                    "closed_form_distinct": ref,
-                    "best_minus_closed_form": float(best.loss.min() - ref),
-                    "distinct_loss": float(d.loss.min()),
-                    "colliding_loss_min": float(c.loss.min()) if len(c) else None,
-                    "distinct_vs_colliding_gap": gap,
-                    "N_times_gap": gap * cfg.N,
-                    "distinct_strictly_better": bool(len(c) == 0 or gap > 0),
-                    "max_closed_form_error": float((table.loss - table.closed_form).abs().max()),
-                }
-                # optimum one-hot, distinct and at the closed form; nothing beats it; collisions strictly worse
-                summary["reproduced"] = bool(
-                    summary["best_one_hot"] and summary["best_distinct"] and summary["distinct_strictly_better"]
-                    and -1e-9 < summary["best_minus_closed_form"] < opts.loss_tol
-                )
+                summary |= _exact(cfg, table, df[df.is_best], ref, opts)
             else:
                 summary["reproduced"] = bool(summary["best_one_hot"])
             rows.append(df)
@@ -161,3 +115,66 @@ def run_minimisers(configs: list[TheoryConfig], opts: MinimiserOptions, progress
             prog.advance(task)
     assignments = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
     return pd.concat(rows, ignore_index=True), assignments, summaries
+
+
+def _starts(cfg: TheoryConfig, G: torch.Tensor, ctxs: torch.Tensor, ref: float, opts: MinimiserOptions,
+            gen: torch.Generator) -> pd.DataFrame:
+    """One row per (context, start): the optimised rule's loss and one-hotness; the best start of each context."""
+    rows = []
+    for c in range(len(ctxs)):
+        pK, pV, loss = optimise_rules(cfg, G, ctxs[c : c + 1], opts, gen)
+        oh = one_hotness(pK, pV)
+        for s in range(opts.starts):
+            rows.append({
+                "setting": setting_label(cfg), **asdict(cfg), "context": c, "start": s,
+                "loss": float(loss[s]), "closed_form_distinct": ref,
+                "key_max_min": float(oh["key_max_min"][s]), "value_succ_min": float(oh["value_succ_min"][s]),
+                "distinct": bool(oh["distinct"][s]), "static": bool(oh["static"][s]),
+                "key_positions": ",".join(str(int(r) + 1) for r in oh["key_pos"][s, :, 0]),
+            })
+    df = pd.DataFrame(rows)
+    tol = opts.one_hot_tol
+    df["one_hot"] = (df.key_max_min >= 1 - tol) & (df.value_succ_min >= 1 - tol)
+    df["is_best"] = df.index.isin(df.loc[df.groupby("context").loss.idxmin()].index)
+    return df
+
+
+def _summary(cfg: TheoryConfig, df: pd.DataFrame, n_ctx: int, opts: MinimiserOptions) -> dict:
+    """How one-hot the best and the near-best starts of a setting are."""
+    best = df.loc[df.groupby("context").loss.idxmin()]
+    near = df.loss <= df.groupby("context").loss.transform("min") + opts.loss_tol
+    return {
+        "setting": setting_label(cfg), "config": cfg.to_dict(), "contexts": n_ctx,
+        "loss_method": "exact-symmetry (one context)" if cfg.eps == 0 else "per-context exact, contexts sampled",
+        "best_loss": best.loss.tolist(),
+        "best_key_max_min": best.key_max_min.tolist(),
+        "best_value_succ_min": best.value_succ_min.tolist(),
+        "best_one_hot": bool(best.one_hot.all()),
+        "best_distinct": bool(best.distinct.all()),
+        "frac_starts_one_hot": float(df.one_hot.mean()),
+        "frac_starts_at_best": float(near.mean()),
+        "near_best_all_one_hot": bool(df[near].one_hot.all()),
+        "median_key_max_min": float(df.key_max_min.median()),
+    }
+
+
+def _exact(cfg: TheoryConfig, table: pd.DataFrame, best: pd.DataFrame, ref: float, opts: MinimiserOptions) -> dict:
+    """At eps = 0: the optimum is one-hot, distinct and at the closed form, nothing beats it, collisions are
+    strictly worse (the assignment table's exact losses)."""
+    d, c = table[table.distinct], table[~table.distinct]
+    gap = float(c.loss.min() - d.loss.min()) if len(c) else float("nan")
+    out = {
+        "closed_form_distinct": ref,
+        "best_minus_closed_form": float(best.loss.min() - ref),
+        "distinct_loss": float(d.loss.min()),
+        "colliding_loss_min": float(c.loss.min()) if len(c) else None,
+        "distinct_vs_colliding_gap": gap,
+        "N_times_gap": gap * cfg.N,
+        "distinct_strictly_better": bool(len(c) == 0 or gap > 0),
+        "max_closed_form_error": float((table.loss - table.closed_form).abs().max()),
+    }
+    out["reproduced"] = bool(
+        best.one_hot.all() and best.distinct.all() and out["distinct_strictly_better"]
+        and -1e-9 < out["best_minus_closed_form"] < opts.loss_tol
+    )
+    return out

@@ -12,6 +12,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
+from phasekv.attention.compressor import GATE_BIAS_NAMES
 from phasekv.config import ModelConfig
 from phasekv.data.sources import data_tokenizer
 from phasekv.data.tokenizer import load_tokenizer
@@ -97,7 +98,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on matrices; none on norms, biases and gate biases."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        (decay if p.dim() >= 2 and not name.endswith("gate_bias") else no_decay).append(p)
+        (decay if p.dim() >= 2 and not name.endswith(GATE_BIAS_NAMES) else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 

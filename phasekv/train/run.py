@@ -1,28 +1,43 @@
-"""`load_run`: the ONE loader behind every `--model` flag of phasekv.
+"""The one model loader: every `--model` flag, `train --init-from` and the Python API open a model directory here.
 
-Accepts
+`open_model` accepts
 - a training run directory (`phasekv train --out DIR`): its latest complete checkpoint + `DIR/tokenizer.json`;
 - a checkpoint directory (`DIR/checkpoints/step_N`) or any `PhaseLM.save` directory: its weights, and the
   `tokenizer.json` beside it (or of the run it belongs to; the word tokenizer when the vocabulary matches);
-- a Hugging Face model directory (`config.json` with `model_type`): Qwen3 models convert to PhaseLM,
-  other decoders come back as the transformers model itself.
+- a Hugging Face model directory (`config.json` with `model_type`): local safetensors only, no code from the
+  directory unless `trust_remote_code` (an opt-in flag of the commands).
 
-Returns (model, tokenizer): the model on `device` in eval mode, the tokenizer as a
-`transformers.PreTrainedTokenizerFast` (the same type an HF model directory gives), or the raw
-`tokenizers.Tokenizer` with `hf_tokenizer=False`.
+One behaviour: a directory opens as what it holds, a PhaseLM or the transformers model itself, never
+converted, so an evaluation (`phasekv.eval.models.load`, behind every `--model` flag) measures the checkpoint
+as published. Converting is a separate, explicit step: `load_run` (training's `--init-from`, the Python API)
+promises a PhaseLM wherever one exists and converts Qwen3 checkpoints with `PhaseLM.from_hf` (same logits).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
+
+from torch import nn
 
 from phasekv.data.recall import RecallConfig, recall_tokenizer
 from phasekv.data.tokenizer import build_word_tokenizer, load_tokenizer, to_hf
 from phasekv.errors import CheckpointError
 from phasekv.model.io import CONFIG_FILE, load_model
+from phasekv.model.transformer import PhaseLM
 from phasekv.train.checkpoint import CKPT_DIR, latest_checkpoint
+
+
+@dataclass
+class OpenedModel:
+    """A model directory opened as it holds its model: `kind` says which of the three it was."""
+
+    model: nn.Module  # PhaseLM (phasekv directories) or the transformers model (HF), on its device, eval mode
+    tokenizer: object  # tokenizers.Tokenizer (phasekv directories) or the transformers tokenizer (HF)
+    kind: str  # "run" | "phasekv" | "hf"
+    weights: Path  # the directory the weights came from (a run's latest complete checkpoint)
 
 
 def resolve_model_dir(path: str | os.PathLike) -> tuple[Path, str]:
@@ -67,24 +82,44 @@ def _tokenizer_for(model_dir: Path, vocab_size: int):
     raise CheckpointError(f"{model_dir}: no tokenizer.json beside the weights")
 
 
-def load_run(path: str | os.PathLike, device: str = "cpu", hf_tokenizer: bool = True):
-    """(model, tokenizer) of a run directory, checkpoint, `PhaseLM.save` directory or HF model directory."""
-    model_dir, kind = resolve_model_dir(path)
+def _open_hf(path: Path, device, trust_remote_code: bool, tokenizer, hf_tokenizer: bool):
+    """(transformers model, tokenizer) of a Hugging Face directory: local safetensors only, never pickle."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # slow import: only when an HF dir is opened
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True,
+                                                     trust_remote_code=trust_remote_code)
+        tok = (AutoTokenizer.from_pretrained(tokenizer or path, local_files_only=True,
+                                             trust_remote_code=trust_remote_code)
+               if hf_tokenizer else load_tokenizer(Path(tokenizer or path / "tokenizer.json")))
+    except (OSError, ValueError) as exc:
+        hint = " (pass --trust-remote-code if you trust this model's code)" if "trust_remote_code" in str(exc) else ""
+        raise CheckpointError(f"{path}: not a loadable Hugging Face causal LM "
+                              f"({' '.join(str(exc).split())[:200]}){hint}") from None
+    return model.to(device).eval(), tok
+
+
+def open_model(path: str | os.PathLike, device="cpu", trust_remote_code: bool = False,
+               tokenizer: str | os.PathLike | None = None, hf_tokenizer: bool | None = None) -> OpenedModel:
+    """Open a run directory, checkpoint, `PhaseLM.save` directory or HF model directory (see the module doc).
+
+    tokenizer: a tokenizer file/dir instead of the model's. hf_tokenizer: None gives the tokenizer as the
+    directory holds it; True a `transformers` tokenizer, False a raw `tokenizers.Tokenizer`, either way."""
+    weights, kind = resolve_model_dir(path)
     if kind == "hf":
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        model, tok = _open_hf(weights, device, trust_remote_code, tokenizer, hf_tokenizer is not False)
+        return OpenedModel(model, tok, kind, weights)
+    model = load_model(weights, map_location=device).eval()
+    tok = load_tokenizer(tokenizer) if tokenizer is not None else _tokenizer_for(weights, model.config.vocab_size)
+    return OpenedModel(model, to_hf(tok) if hf_tokenizer else tok, kind, weights)
 
-        from phasekv.model.transformer import PhaseLM
 
-        try:  # local safetensors only: no download, no pickle, no code from the directory
-            hf = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, use_safetensors=True,
-                                                      trust_remote_code=False)
-            tok = (AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
-                   if hf_tokenizer else load_tokenizer(model_dir / "tokenizer.json"))
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{model_dir}: not a loadable Hugging Face causal LM "
-                                  f"({' '.join(str(exc).split())[:200]})") from None
-        model = PhaseLM.from_hf(hf) if getattr(hf.config, "model_type", None) == "qwen3" else hf
-        return model.to(device).eval(), tok
-    model = load_model(model_dir, map_location=device).eval()
-    tok = _tokenizer_for(model_dir, model.config.vocab_size)
-    return model, (to_hf(tok) if hf_tokenizer else tok)
+def load_run(path: str | os.PathLike, device: str = "cpu", hf_tokenizer: bool = True):
+    """(model, tokenizer) of a run directory, checkpoint, `PhaseLM.save` directory or HF model directory: a
+    PhaseLM wherever one exists (Qwen3 checkpoints converted, other HF decoders as transformers models), the
+    tokenizer as a `transformers.PreTrainedTokenizerFast` (or the raw `tokenizers.Tokenizer`)."""
+    opened = open_model(path, device=device, hf_tokenizer=hf_tokenizer)
+    model = opened.model
+    if opened.kind == "hf" and getattr(model.config, "model_type", None) == "qwen3":
+        model = PhaseLM.from_hf(model).to(device).eval()
+    return model, opened.tokenizer

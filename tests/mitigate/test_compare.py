@@ -9,13 +9,14 @@ from typer.testing import CliRunner
 
 from phasekv import ModelConfig, PhaseLM
 from phasekv.data.tokenizer import build_word_tokenizer
+from phasekv.eval.ensemble import phase_ensemble
 from phasekv.eval.models import load
 from phasekv.eval.prompts import lookup_config
 from phasekv.eval.run import run_retrieval
 from phasekv.eval.tokens import WordTokenizer
 from phasekv.mitigate import cli as mitigate_cli
-from phasekv.mitigate.compare import ROW_FIELDS, SCHEMA, Bench, _criteria, compare
-from phasekv.mitigate.ensemble import phase_ensemble
+from phasekv.mitigate.compare import ROW_FIELDS, SCHEMA, Bench, compare
+from phasekv.mitigate.criteria import acceptance
 
 CFG = dict(records=12, demos=2, filler=8, modulus=4, per_group=16, mappings=4)
 
@@ -67,13 +68,13 @@ def test_acceptance_check_with_intervals():
             _row("good", 8.0, 6.0, [3.0, 9.0], 60.0, [58.0, 62.0]),  # passes every way
             _row("close", 8.0, 12.0, [9.0, 15.0], 49.0, [47.0, 51.0]),  # only within the intervals
             _row("big", 2.0, 1.0, [0.0, 2.0], 95.0, [94.0, 96.0])]  # compression too low
-    c = _criteria(rows, "full", "base", 4.0, 2.0)
+    c = acceptance(rows, "full", "base", 4.0, 2.0)
     assert c["passing"] == {"point": ["good"], "ci": ["good", "close"], "strict": []}
     rows[2]["gap_ci"] = [3.0, 4.0]
-    assert _criteria(rows, "full", "base", 4.0, 2.0)["passing"]["strict"] == ["good"]
+    assert acceptance(rows, "full", "base", 4.0, 2.0)["passing"]["strict"] == ["good"]
     assert c["best"] == "good" and c["baseline_fails"]
     rows[1]["gap_ci"] = [5.0, 30.0]  # the baseline's own gap may be within 2 x the reference's: nothing to repair
-    assert not _criteria(rows, "full", "base", 4.0, 2.0)["baseline_fails"]
+    assert not acceptance(rows, "full", "base", 4.0, 2.0)["baseline_fails"]
 
 
 def test_cli(evals, tmp_path):

@@ -9,11 +9,11 @@ import torch
 from phasekv import ModelConfig, PhaseLM
 from phasekv.data.tokenizer import build_word_tokenizer
 from phasekv.errors import ConfigError
+from phasekv.eval.ensemble import PhaseEnsemble, ensemble_shifts, pad_ids, phase_ensemble
 from phasekv.eval.models import EvalModel
 from phasekv.eval.prompts import lookup_config
 from phasekv.eval.run import evaluate
 from phasekv.eval.tokens import WordTokenizer
-from phasekv.mitigate.ensemble import PhaseEnsemble, ensemble_shifts, pad_ids, phase_ensemble
 
 CFG = dict(records=12, demos=2, filler=8, modulus=4, per_group=16, mappings=4)
 

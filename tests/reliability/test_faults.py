@@ -126,7 +126,7 @@ def _stable(summary: dict) -> dict:
 
 @pytest.mark.parametrize("point", [KillPoint("phasekv.eval.run:last_logits", 5, "before"),
                                    KillPoint("phasekv.eval.run:_flush", 3, "after"),
-                                   KillPoint("phasekv.eval.run:_atomic_text", 1, "after", match="summary.json")],
+                                   KillPoint("phasekv.eval.run:write_json", 1, "after", match="summary.json")],
                          ids=str)
 def test_eval_killed_then_rerun_gives_the_same_summary(point, model_dir, tmp_path):
     full = _stable(_evaluate(model_dir, tmp_path / "a"))

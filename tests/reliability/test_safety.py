@@ -56,7 +56,7 @@ def test_every_torch_load_is_weights_only():
 
 def test_every_hugging_face_model_load_is_local_safetensors_without_remote_code():
     calls = list(_calls(r"AutoModel\w*\.from_pretrained\("))
-    assert len(calls) >= 2  # eval/analysis loader and load_run
+    assert len(calls) >= 1  # the one loader (phasekv.train.run.open_model) behind every --model flag and load_run
     for where, call in calls:
         assert "use_safetensors=True" in call and "local_files_only=True" in call, f"{where}: {call}"
         assert "trust_remote_code=" in call, f"{where}: {call}"  # passed explicitly, from an opt-in flag

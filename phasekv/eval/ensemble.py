@@ -8,6 +8,8 @@ prompt (target, distractors, query) by j, so its phase becomes (t + j) mod S. Wi
 
 Cost: k forward passes (prefill) per prompt instead of one, and the cache of the longest copy; k = 1 is
 the plain evaluation. Works for any model `phasekv.eval` can score (PhaseLM, Hugging Face causal LMs).
+It is a mitigation evaluated as a way of scoring, so it lives with the evaluation (`phasekv eval lookup
+--ensemble K`), which `phasekv.mitigate` sits above.
 """
 
 from __future__ import annotations
