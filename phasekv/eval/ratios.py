@@ -1,4 +1,4 @@
-"""Which compression ratios an audit tests, and on which residues: every distinct ratio of the model.
+"""Which compression ratios an evaluation and an audit test, and on which residues: every distinct ratio.
 
 A model may compress its layers at several ratios (DeepSeek-V4: CSA at 4, HCA at 128; read from its
 config by `phasekv.model.hf.compression_layout`). Each ratio r is tested on residues mod M_r, a multiple of
@@ -7,8 +7,9 @@ smallest multiple of r above both M and r (the period test needs r < M_r; at r =
 prompts per group are used (exact moment matching); at a larger M_r the total number of prompts is kept,
 N_r = max(16, M·N / M_r) per group, and the design keeps N_r (sampled from the exactly matched design; the
 achieved spread of the group means and variances is reported) instead of rounding it up to M_r².
-For each ratio the verdict gives the residue profile folded mod r, its power at period r (permutation p)
-and the layer types the ratio belongs to.
+For each ratio an evaluation's summary and the audit's verdict give the residue profile folded mod r, its
+power at period r (permutation p) and the layer types the ratio belongs to (`ratio_tests`); `phasekv eval`
+tests the ratios that divide its modulus and lists the others, `phasekv audit` plans evaluations for all.
 """
 
 from __future__ import annotations
@@ -53,12 +54,15 @@ def plan_ratios(ratios: dict[int, list[str]], modulus: int, per_group: int) -> l
     return plans
 
 
-def ratio_tests(summary: dict, plan: RatioPlan, n_perm: int = 10000, seed: int = 0) -> list[dict]:
-    """Per ratio of `plan`: its layer types, the profile of `summary` (an evaluation at plan.modulus) folded
-    mod the ratio, its weakest phase and its power at period r with a permutation p-value (None at r = M)."""
+def ratio_tests(summary: dict, ratios: dict[int, list[str]], n_perm: int = 10000, seed: int = 0) -> list[dict]:
+    """Per ratio r in `ratios` that divides the modulus M of `summary` (an evaluation's groups): its layer
+    types, the profile folded mod r, its weakest phase and its power at period r with a permutation p-value
+    (None at r = M)."""
     acc = np.array([g["acc"] for g in summary["groups"]])
     M, out = len(acc), []
-    for r, types in plan.ratios.items():
+    for r, types in ratios.items():
+        if M % r:
+            continue
         fold = acc.reshape(M // r, r).mean(0)  # (r,)
         per = periodicity_test(acc / 100, r, n_perm=n_perm, seed=seed) if r < M else {"power": None, "p_value": None}
         out.append({"ratio": r, "layer_types": types, "modulus": M, "phase_profile": fold.round(3).tolist(),
