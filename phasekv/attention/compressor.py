@@ -199,6 +199,11 @@ class Compressor(nn.Module, ABC):
     slot_gates = False  # offset-specific gate parameters have one row per slot of S (cyclable at any W), not per offset
 
     @staticmethod
+    def lead(cfg: ModelConfig) -> int:
+        """Tokens of a window before its entry's RoPE position; the grid starts that far before its phase."""
+        return 0
+
+    @staticmethod
     def learns_gates(cfg: ModelConfig) -> bool:
         """Whether a compressor of `cfg` has learned gate parameters (no: uniform averaging)."""
         return cfg.gate != "uniform"
@@ -282,6 +287,10 @@ class V4Compressor(Compressor):
     slot_gates = True  # position_bias: S slots, shared by both halves of a W = 2S window
 
     @staticmethod
+    def lead(cfg: ModelConfig) -> int:
+        return cfg.window - cfg.stride  # CSA: the previous block; the first window has only its current block
+
+    @staticmethod
     def learns_gates(cfg: ModelConfig) -> bool:
         return True  # gate_proj, shared by every slot
 
@@ -307,9 +316,9 @@ COMPRESSORS: dict[str, type[Compressor]] = {"paper": PaperCompressor, "v4": V4Co
 
 
 def layer_grid(cfg: ModelConfig, layer: int) -> Grid:
-    """The window grid of `layer`: staggered phase (cfg.grid_offset) and the variant's placement. A V4 CSA
-    window (W = 2S) ends with its current block: the grid starts at -S and entry j is positioned at jS."""
-    lead = cfg.window - cfg.stride if cfg.compressor == "v4" else 0  # tokens before the entry's RoPE position
+    """The window grid of `layer`: staggered phase (cfg.grid_offset) and the variant's placement (a V4 CSA
+    window, W = 2S, ends with its current block: the grid starts at -S and entry j is positioned at jS)."""
+    lead = COMPRESSORS[cfg.compressor].lead(cfg)
     return Grid(cfg.window, cfg.stride, cfg.grid_offset(layer) - lead, cfg.local_window, rope_at=lead)
 
 
