@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
 _UMASK = os.umask(0)  # read once (os.umask can only be read by setting it): the mode of a plain open()
 os.umask(_UMASK)
 
@@ -116,3 +118,18 @@ def atomic_dir(path: str | os.PathLike, shared: bool = False) -> Iterator[Path]:
         if not shared:
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # another process finished first: keep theirs
+
+
+def jsonable(obj):
+    """JSON-safe copy: NaN/inf -> null, numpy scalars and arrays -> Python (summaries, the report's figure data)."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return jsonable(obj.item())
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    return obj

@@ -15,7 +15,8 @@ app = typer.Typer(help="Mechanism analyses: KV-head knockouts by phase, gate con
                   no_args_is_help=True)
 console = Console()
 
-MODEL_HELP = "phasekv run dir, checkpoint / PhaseLM.save dir, or (knockout only) a Hugging Face decoder dir."
+MODEL_HELP = ("phasekv run dir, checkpoint / PhaseLM.save dir, or a Hugging Face decoder dir (any decoder for "
+              "knockout; DeepSeek-V4 for gates and cycle).")
 
 
 def _prompts(em, records: int | None, demos: int | None, padding: str, filler: int | None, modulus: int,
@@ -50,7 +51,9 @@ def knockout_cmd(
     model: Path = typer.Option(..., "--model", help=MODEL_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
     variant: str = typer.Option(None, help="head (each KV head; phasekv) | layer (whole attention output; any "
-                                           "decoder). Default: head for phasekv, layer for Hugging Face."),
+                                           "decoder) | compressed (the layer's compressed entries; DeepSeek-V4), "
+                                           "or several comma-separated. Default: head for phasekv, "
+                                           "compressed,layer for DeepSeek-V4, layer for other Hugging Face models."),
     n_cal: int = typer.Option(256, help="Calibration prompts whose mean activation replaces the knocked-out one."),
     final_tokens: int = typer.Option(1, help="Knock out at this many final tokens (the query token(s))."),
     layers: str = typer.Option(None, help="Only these layers, e.g. '0,5,9' (default: every layer)."),
@@ -82,7 +85,8 @@ def knockout_cmd(
 
 @app.command("gates")
 def gates_cmd(
-    model: Path = typer.Option(..., "--model", help="phasekv run dir (training paths from its gates.jsonl) or model dir."),
+    model: Path = typer.Option(..., "--model", help="phasekv run dir (training paths from its gates.jsonl), model "
+                                                    "dir, or a DeepSeek-V4 Hugging Face dir / `train --hf-config` run."),
     out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
     n_prompts: int = typer.Option(256, help="Lookup prompts whose complete windows are scored."),
     knockout: Path = typer.Option(None, help="A `phasekv analyze knockout` output dir: adds the knockout column "
@@ -105,9 +109,9 @@ def gates_cmd(
     s = analyze_gates(em, cfg, out, n_prompts, batch_size, knockout, trace, progress)
     console.print(f"[bold]{s['model']}[/]: gates over {s['n_prompts']} prompts -> {out}")
     for h in s["heads"]:
-        if h["branch"] == "key":
-            console.print(f"  L{h['layer']}·KV{h['kv_head']} key: static {h['static']:.2f}, per window "
-                          f"{h['per_window']:.2f} (of {h['window']}), peak phase {h['peak_phase']}")
+        if h["branch"] in ("key", "indexer"):
+            console.print(f"  L{h['layer']}·KV{h['kv_head']} {h['branch']}: static {h['static']:.2f}, per window "
+                          f"{h['per_window']:.2f} (of {h['window']}), peak phase {h['peak_phase']} of {h['stride']}")
 
 
 def _deltas(spec: str) -> list[int]:
@@ -123,7 +127,8 @@ def _deltas(spec: str) -> list[int]:
 
 @app.command("cycle")
 def cycle_cmd(
-    model: list[Path] = typer.Option(..., "--model", help="phasekv model with W = S (repeat for the model x δ grid)."),
+    model: list[Path] = typer.Option(..., "--model", help="phasekv model with W = S or a V4 slot bias, or a "
+                                                          "DeepSeek-V4 Hugging Face dir (repeat for the model x δ grid)."),
     out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
     delta: str = typer.Option("-3..3", help="Cycle offsets δ: a range -3..3 (0 skipped) or a list -1,1,2."),
     n_boot: int = typer.Option(2000, help="Bootstrap resamples over mappings for the R² interval."),
@@ -131,8 +136,9 @@ def cycle_cmd(
     per_group: int = PER_GROUP, keep_n: bool = KEEP_N, mappings: int = MAPPINGS, seed: int = SEED,
     batch_size: int = BATCH, device: str = DEVICE, progress: bool = PROGRESS,
 ) -> None:
-    """Cycle the offset-specific gate parameters by δ (payloads fixed), compare accuracy by phase with the
-    prediction A_δ(r) = A_0((r-δ) mod S); R² excluding the boundary phase with a bootstrap 95% interval."""
+    """Cycle the offset-specific gate parameters by δ (payloads fixed; DeepSeek-V4: every compressor's
+    position_bias), compare accuracy by phase with the prediction A_δ(r) = A_0((r-δ) mod S); R² excluding the
+    boundary phase with a bootstrap 95% interval."""
     from phasekv.analysis.cycling import analyze_cycle
     from phasekv.eval.models import load
 

@@ -7,35 +7,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
 from phasekv.eval.models import EvalModel, load
 from phasekv.eval.prompts import PromptConfig, RetrievalPrompts, lookup_config
 from phasekv.eval.run import versions
-from phasekv.io import write_parquet, write_text
-
-
-def _json_default(o):
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return None if np.isnan(o) else float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
-
-
-def _clean(o):
-    """NaN -> None recursively, so summary.json is valid JSON."""
-    if isinstance(o, float) and o != o:
-        return None
-    if isinstance(o, dict):
-        return {k: _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    return o
+from phasekv.io import jsonable, write_parquet, write_text
 
 
 def as_eval_model(model, device: str | None = None):
@@ -64,7 +42,7 @@ def write_outputs(out: Path, results: pd.DataFrame, summary: dict, **tables: pd.
     out.mkdir(parents=True, exist_ok=True)
     for name, df in {"results": results, **tables}.items():
         write_parquet(out / f"{name}.parquet", df)
-    write_text(out / "summary.json", json.dumps(_clean(summary), indent=2, default=_json_default))
+    write_text(out / "summary.json", json.dumps(jsonable(summary), indent=2, default=str))
 
 
 @contextmanager

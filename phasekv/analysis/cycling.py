@@ -3,7 +3,11 @@
 For W = S, cycling by delta sets Z~_i = Z_{(i - delta) mod W} and b~_i = b_{(i - delta) mod W} in every
 compressed layer, key and value branch alike (`torch.roll` along the offset dim 0); payloads C_i stay.
 The compressor variant says which parameters are offset-specific (`Compressor.cycled_params`): the paper's
-Z_i and b_i; for DeepSeek-V4's compressor only the slot bias (`position_bias`), its projections are shared.
+Z_i and b_i; for DeepSeek-V4's compressor only the slot bias (`position_bias`, S slots: the two-half split of
+a W = 2S CSA window stays), its projections are shared. On a transformers DeepSeek-V4 model the same roll
+applies to the `position_bias` of every CSA and HCA compressor and of every CSA indexer's compressor;
+phases are then positions mod the least common multiple of the layers' ratios (each layer's roll by delta
+moves its own phases by delta too), and the boundary phase is its last.
 If static gate preferences decide which phases are retrieved well, A_delta(r) ~ A_0((r - delta) mod S).
 The test: R^2 (squared correlation) of predicted change A_0((r - delta) mod S) - A_0(r) against observed
 change A_delta(r) - A_0(r) over the phases r other than the boundary phase, with a bootstrap 95% interval
@@ -21,25 +25,41 @@ import pandas as pd
 import torch
 
 from phasekv.analysis.common import as_eval_model, progress_bar, prompt_config, provenance, write_outputs
+from phasekv.attention.compressor import cyclable
 from phasekv.errors import ConfigError
 from phasekv.eval.run import evaluate
 from phasekv.eval.stats import bootstrap_profiles, group_table
+from phasekv.model.hf import compression_layout, v4_sites
+from phasekv.model.transformer import PhaseLM
 
 
 def check_cyclable(model) -> None:
+    """Gate cycling needs offset-specific gate parameters with one row per phase: W = S (the paper's Z_i,
+    b_i), or V4's S-slot bias at any window."""
+    if not isinstance(model, PhaseLM):
+        if not gate_params(model):
+            raise ConfigError(f"{type(model).__name__}: gate cycling needs a compressed phasekv model or a "
+                              f"DeepSeek-V4 model with compressors")
+        return
     cfg = model.config
-    if not cfg.compressed or cfg.window != cfg.stride:
-        raise ConfigError(f"{cfg.name}: gate cycling needs a compressed model with W = S (window {cfg.window}, "
-                          f"stride {cfg.stride})")
-    if not gate_params(model):
-        raise ConfigError(f"{cfg.name}: no offset-specific gate parameters to cycle (uniform averaging, or a "
-                          f"V4 compressor without its slot bias)")
+    if not cyclable(cfg):
+        raise ConfigError(f"{cfg.name}: gate cycling needs a compressed model with offset-specific gate parameters "
+                          f"and W = S (window {cfg.window}, stride {cfg.stride}) or V4's slot bias (not uniform "
+                          f"averaging, nor a V4 compressor without its slot bias)")
 
 
 def gate_params(model) -> list[torch.nn.Parameter]:
-    """Offset-specific gate parameters of every compressed layer and branch (the variant's); offsets are dim 0."""
+    """Offset-specific gate parameters of every compressed layer and branch (the variant's; every V4
+    compressor's `position_bias` on a transformers model); offsets are dim 0."""
+    if not isinstance(model, PhaseLM):
+        return [site.module.position_bias for site in v4_sites(model)]
     return [p for block in model.layers if block.attn.compressor is not None
             for p in block.attn.compressor.cycled_params()]
+
+
+def cycle_stride(model) -> int:
+    """The phase period of cycling: the stride S, or the lcm of a transformers V4 model's ratios."""
+    return model.config.stride if isinstance(model, PhaseLM) else compression_layout(model.config).period
 
 
 @torch.no_grad()
@@ -66,7 +86,10 @@ def cycled(model, delta: int) -> Iterator[None]:
 
 
 def boundary_phase(model) -> int:
-    """Phase of the last token of a window (S - 1 unless the grid is staggered), on layer 0's grid."""
+    """Phase of the last token of a window (S - 1 unless the grid is staggered), on layer 0's grid (a
+    transformers V4 model: the last phase mod the lcm of its ratios, where every layer's windows end)."""
+    if not isinstance(model, PhaseLM):
+        return cycle_stride(model) - 1
     return model.layers[0].attn.grid.boundary_phase()
 
 
@@ -114,7 +137,7 @@ def run_cycling(model, tok, cfg, deltas, pids=None, batch_size: int = 32, n_boot
     Returns (profiles, rows): one row per (delta, phase) with acc0, acc, pred, lo, hi, r2, r2_lo, r2_hi;
     and the per-prompt rows (column delta)."""
     check_cyclable(model)
-    S, boundary = model.config.stride, boundary_phase(model)
+    S, boundary = cycle_stride(model), boundary_phase(model)
     frames = []
     for d in [0, *[d for d in deltas if d != 0]]:
         with cycled(model, d):
@@ -146,9 +169,10 @@ def analyze_cycle(ems, cfg, out, deltas=(-3, -2, -1, 1, 2, 3), batch_size: int =
     ems = [as_eval_model(m) for m in (ems if isinstance(ems, (list, tuple)) else [ems])]
     cfg = prompt_config(cfg)
     for em in ems:
-        if em.kind != "phasekv":
-            raise ConfigError(f"{em.name}: gate cycling needs a phasekv model")
         check_cyclable(em.model)
+        if cfg.modulus % cycle_stride(em.model):
+            raise ConfigError(f"{em.name}: the phase period {cycle_stride(em.model)} must divide the prompts' "
+                              f"modulus {cfg.modulus} (pass --modulus)")
     if not [d for d in deltas if d != 0]:
         raise ConfigError("give at least one non-zero cycle delta")
     out = Path(out)

@@ -21,16 +21,23 @@ def head_label(layer: int, kv_head: int, n_kv: int) -> str:
     return f"layer {layer}" if n_kv <= 1 or kv_head < 0 else f"layer {layer} · KV {kv_head}"
 
 
-def head_matrix(d: pd.DataFrame, column: str, value: str) -> tuple[list[str], list[int], np.ndarray]:
-    """Rows KV heads (layer, kv_head), columns the values of `column`, cells `value` (NaN where absent)."""
-    n_kv = int(d["kv_head"].max()) + 1
-    heads = sorted({(int(a), int(b)) for a, b in zip(d["layer"], d["kv_head"], strict=True)})
+def head_matrix(d: pd.DataFrame, column: str, value: str, heads: list[tuple] | None = None,
+                n_kv: int | None = None) -> tuple[list[str], list[int], np.ndarray]:
+    """Rows KV heads (layer, kv_head) — `heads` when given, knockout units (layer, kv_head, unit) when `d` has
+    a unit column (a layer's compressed-branch knockout beside its whole-layer one) — columns the values of
+    `column`, cells `value` (NaN where absent)."""
+    n_kv = n_kv or int(d["kv_head"].max()) + 1
+    keys = list(zip(d["layer"].astype(int), d["kv_head"].astype(int), *([d["unit"]] if "unit" in d else []),
+                    strict=True))
+    heads = heads or sorted(set(keys))
     cols = sorted(int(c) for c in d[column].unique())
     z = np.full((len(heads), len(cols)), np.nan)
     hi, ci = {h: i for i, h in enumerate(heads)}, {c: i for i, c in enumerate(cols)}
-    for layer, kv, c, v in zip(d["layer"], d["kv_head"], d[column], d[value], strict=True):
-        z[hi[(int(layer), int(kv))], ci[int(c)]] = v
-    return [head_label(a, b, n_kv) for a, b in heads], cols, z
+    for key, c, v in zip(keys, d[column], d[value], strict=True):
+        if key in hi:
+            z[hi[key], ci[int(c)]] = v
+    suffix = [" · compressed" if str(h[-1]).endswith("compressed") else "" for h in heads]
+    return [head_label(h[0], h[1], n_kv) + x for h, x in zip(heads, suffix, strict=True)], cols, z
 
 
 def knockout_matrix(table: pd.DataFrame, grouping: str) -> tuple[list[str], list[int], np.ndarray] | None:
@@ -96,22 +103,35 @@ def gate_plane_figure(points: pd.DataFrame, paths: pd.DataFrame | None, title: s
 def alignment_figure(gates: pd.DataFrame, ko: pd.DataFrame | None, window: int, title: str) -> Figure:
     """Per KV head (rows): the key gate's static concentration, the key and value gate scores by phase
     relative to uniform (value shifted back one offset) and the knockout effect by phase (`ko`: an effect
-    table), side by side. gates: rows (layer, kv_head, branch, phase, score_rel, static)."""
+    table), side by side; a DeepSeek-V4 model's indexer gates too (its CSA layers' rows). gates: rows (layer,
+    kv_head, branch, phase, score_rel, static)."""
     key = gates[gates["branch"] == "key"].groupby(["layer", "kv_head"], as_index=False)["static"].first()
-    labels = [head_label(a, b, int(key["kv_head"].max()) + 1) for a, b in zip(key["layer"], key["kv_head"], strict=True)]
+    heads, n_kv = list(zip(key["layer"].astype(int), key["kv_head"].astype(int), strict=True)), int(key["kv_head"].max()) + 1
+    labels = [head_label(a, b, n_kv) for a, b in heads]
     panels = [Panel([Trace("hbar", key["static"].tolist(), labels, color="#555555",
                            hover="%{y}: %{x:.2f} offsets<extra></extra>")],
                     xlabel="static concentration", xlim=(1, max(window, 2)))]
-    for branch in ("key", "value"):
+    for branch in ("key", "value", "indexer"):
         d = gates[gates["branch"] == branch]
         if len(d) and "score_rel" in d:
-            _, cols, z = head_matrix(d, "phase", "score_rel")
+            _, cols, z = head_matrix(d, "phase", "score_rel", heads, n_kv)
             panels.append(_phase_panel(f"{branch} gate score / uniform", cols, labels, z, "viridis", (0.0, 2.0)))
-    folded = knockout_matrix(ko, "phase") if ko is not None else None
+    folded = _folded_knockout(ko, heads, n_kv) if ko is not None else None
     if folded is not None:
-        panels.append(_phase_panel("knockout Δ acc (%)", folded[1], labels, folded[2], "lost_gained", (-100, 100)))
+        panels.append(_phase_panel("knockout Δ acc (%)", folded[0], labels, folded[1], "lost_gained", (-100, 100)))
     return Figure(panels, title, size=(3 + 2.6 * (len(panels) - 1), 1 + 0.45 * len(labels)),
                   height=max(240, 80 + 45 * len(labels)))
+
+
+def _folded_knockout(ko: pd.DataFrame, heads: list[tuple], n_kv: int) -> tuple[list[int], np.ndarray] | None:
+    """Knockout Δ accuracy (%) by phase on the gate rows `heads`: per-KV-head knockouts (phasekv), or each
+    layer's compressed-branch knockout (DeepSeek-V4: the layer's one compressor)."""
+    d = ko[(ko["grouping"] == "phase") & (ko["unit"] != "clean")]
+    d = d[d["kv_head"] >= 0] if (d["kv_head"] >= 0).any() else d[d["unit"].str.endswith("compressed")].assign(kv_head=0)
+    if d.empty:
+        return None
+    _, cols, z = head_matrix(d.drop(columns="unit"), "group", "rel_change", heads, n_kv)
+    return cols, np.clip(100 * z, -100, 100)
 
 
 def _phase_panel(title: str, cols, rows, z, scale: str, zrange) -> Panel:
@@ -178,7 +198,7 @@ def concentration_plane(heads: pd.DataFrame, paths: pd.DataFrame | None, path: P
 
 def head_panel(heads: pd.DataFrame, phases: pd.DataFrame, ko: pd.DataFrame | None, path: Path, title: str) -> None:
     gates = phases.merge(heads[["layer", "kv_head", "branch", "static"]], on=["layer", "kv_head", "branch"])
-    to_png(alignment_figure(gates, ko, int(heads["window"].iloc[0]), title), path)
+    to_png(alignment_figure(gates, ko, int(heads["window"].max()), title), path)
 
 
 def cycling_figure(profiles: pd.DataFrame, path: Path, title: str, boundary: int) -> None:

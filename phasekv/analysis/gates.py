@@ -11,6 +11,10 @@ overlapping windows (W > S) several offsets share a phase, and the same measures
 are effective phases (1..S). The gate score by phase relative to uniform is E[sum of alpha over the phase's
 offsets] / (its share of offsets); the value gate is shifted back one offset (its offset i counts for the
 phase of i - 1), so a head that keeps a key together with its successor peaks at the same phase in both.
+
+On a transformers DeepSeek-V4 model every CSA and HCA compressor is read (branch "key": its entry is key
+and value) and every CSA indexer's compressor (branch "indexer"), each on its own grid (W = 2S for CSA,
+W = S for HCA, S = the layer's compression ratio), through `phasekv.model.gates`.
 """
 
 from __future__ import annotations
@@ -31,14 +35,16 @@ from phasekv.analysis.common import (
     write_outputs,
 )
 from phasekv.analysis.knockout import spread_pids
+from phasekv.attention.compressor import learned_gates
 from phasekv.attention.positions import Grid
 from phasekv.errors import ConfigError, DataError
 from phasekv.eval.prompts import RetrievalPrompts
 from phasekv.model.concentration import concentration
-from phasekv.model.gates import GateRead, gate_scores
+from phasekv.model.gates import GateRead, gate_grids, gate_scores
 from phasekv.model.transformer import PhaseLM
 
 BRANCHES = ("key", "value")
+V4_BRANCHES = {"key": "CSA/HCA compressor (its entry is key and value)", "indexer": "the CSA indexer's compressor"}
 
 
 def offset_phases(window: int, stride: int, grid_offset: int = 0, shift: int = 0) -> np.ndarray:
@@ -55,7 +61,12 @@ def pool_phases(alpha: torch.Tensor, phases: np.ndarray, stride: int) -> torch.T
 
 
 def compressed_layers(model) -> list[int]:
-    return [i for i, block in enumerate(model.layers) if block.attn.compressor is not None]
+    return sorted({layer for layer, _ in gate_grids(model)})
+
+
+def gate_kind(model) -> str:
+    """The gate kind of a model's compressors: PhaseLM's `gate`; vector for DeepSeek-V4's per-channel gates."""
+    return model.config.gate if isinstance(model, PhaseLM) else "vector"
 
 
 @torch.no_grad()
@@ -80,11 +91,10 @@ def collect_alpha(model, batches, progress=None) -> dict[tuple[int, str], torch.
 def gate_stats(model, alphas: dict[tuple[int, str], torch.Tensor]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(heads, phases): one row per (layer, kv_head, branch) with both concentrations at the offset and
     the phase level; one row per (layer, kv_head, branch, phase) with the gate score relative to uniform."""
-    cfg = model.config
-    W, S = cfg.window, cfg.stride
+    grids, gate = gate_grids(model), gate_kind(model)
     heads, phases = [], []
     for (layer, branch), alpha in sorted(alphas.items()):
-        o = model.layers[layer].attn.grid.offset
+        W, S, o = grids[layer, branch].window, grids[layer, branch].stride, grids[layer, branch].offset
         ph = offset_phases(W, S, o, shift=1 if branch == "value" else 0)
         static, per_window = concentration(alpha)  # (n_kv,) in [1, W]
         pooled = pool_phases(alpha, offset_phases(W, S, o), S)
@@ -94,7 +104,7 @@ def gate_stats(model, alphas: dict[tuple[int, str], torch.Tensor]) -> tuple[pd.D
         by_offset = alpha.mean(dim=(0, 3)).numpy() * W  # (W, n_kv), 1 = uniform
         for kv in range(alpha.shape[2]):
             heads.append({
-                "layer": layer, "kv_head": kv, "branch": branch, "gate": cfg.gate, "window": W, "stride": S,
+                "layer": layer, "kv_head": kv, "branch": branch, "gate": gate, "window": W, "stride": S,
                 "grid_offset": o, "n_windows": int(alpha.shape[0]), "channels": int(alpha.shape[3]),
                 "static": float(static[kv]), "per_window": float(per_window[kv]),
                 "static_phase": float(static_ph[kv]), "per_window_phase": float(per_window_ph[kv]),
@@ -135,6 +145,16 @@ def alignment(heads: pd.DataFrame, phases: pd.DataFrame, ko: pd.DataFrame) -> li
     return out
 
 
+def grid_summary(heads: pd.DataFrame) -> dict:
+    """window / stride of the model's gates (None where layers differ: DeepSeek-V4's CSA and HCA), whether
+    windows overlap, and every (layer, branch)'s grid."""
+    one = {c: int(heads[c].iloc[0]) if heads[c].nunique() == 1 else None for c in ("window", "stride")}
+    grids = heads.drop_duplicates(["layer", "branch"])
+    return {**one, "overlapping": bool((heads["window"] > heads["stride"]).any()),
+            "grids": {f"L{r.layer}.{r.branch}": {"window": int(r.window), "stride": int(r.stride),
+                                                 "grid_offset": int(r.grid_offset)} for r in grids.itertuples()}}
+
+
 def read_gate_paths(run_dir: str | Path) -> pd.DataFrame | None:
     """Training paths from a run's `gates.jsonl` (rows: step, layer, kv_head, branch, static, per_window),
     or None when the run has none."""
@@ -168,8 +188,8 @@ def analyze_gates(em, cfg, out, n_prompts: int = 256, batch_size: int = 32, knoc
 
     em, cfg = as_eval_model(em), prompt_config(cfg)
     model = em.model
-    if not isinstance(model, PhaseLM) or not model.config.compressed:
-        raise ConfigError(f"{em.name}: gate analyses need a compressed phasekv model")
+    if not gate_grids(model):
+        raise ConfigError(f"{em.name}: gate analyses need a compressed phasekv model or a DeepSeek-V4 model")
     prompts = RetrievalPrompts(cfg, em.tok)
     pids = spread_pids(len(prompts), n_prompts)
     with progress_bar(progress, len(pids), f"gates · {em.name}") as advance:
@@ -178,7 +198,7 @@ def analyze_gates(em, cfg, out, n_prompts: int = 256, batch_size: int = 32, knoc
         raise ConfigError(f"{em.name}: prompts of {prompts.length} tokens hold no complete window")
     heads, phases = gate_stats(model, alphas)
     results = phases.merge(heads.drop(columns=["offset_scores"]), on=["layer", "kv_head", "branch"])
-    paths = read_gate_paths(em.info.get("path", "")) if em.kind == "phasekv" else None
+    paths = read_gate_paths(em.info.get("path", ""))  # a run's gates.jsonl (phasekv or `train --hf-config`)
     key = heads[heads["branch"] == "key"].sort_values("static")
     traced = [tuple(map(int, x)) for x in key[["layer", "kv_head"]].to_numpy()[: trace or None]]
     ko = None
@@ -187,14 +207,14 @@ def analyze_gates(em, cfg, out, n_prompts: int = 256, batch_size: int = 32, knoc
         if not kpath.is_file():
             raise DataError(f"{kpath}: no knockout results (run `phasekv analyze knockout` first)")
         ko = pd.read_parquet(kpath)
-    cfgm = model.config
+    gate = gate_kind(model)
     summary = {
-        "analysis": "gates", "model": em.name, "window": cfgm.window, "stride": cfgm.stride, "gate": cfgm.gate,
+        "analysis": "gates", "model": em.name, **grid_summary(heads), "gate": gate,
         "n_prompts": len(pids), "n_windows": {f"L{k[0]}.{k[1]}": int(v.shape[0]) for k, v in alphas.items()},
-        "vector_gates": "per channel, then averaged over channels" if cfgm.gate == "vector" else None,
-        "overlapping": cfgm.window > cfgm.stride,
+        "vector_gates": "per channel, then averaged over channels" if gate == "vector" else None,
+        "branches": None if isinstance(model, PhaseLM) else V4_BRANCHES,
         "phase_level": "static_phase / per_window_phase pool the offsets of each phase: effective phases in "
-                       f"[1, {cfgm.stride}]",
+                       "[1, stride]",
         "value_shift": "value gate scores are shifted back one offset (offset i counts for phase of i - 1)",
         "heads": heads.to_dict(orient="records"),
         "training_paths": None if paths is None else {
@@ -205,9 +225,9 @@ def analyze_gates(em, cfg, out, n_prompts: int = 256, batch_size: int = 32, knoc
         "provenance": provenance(em, cfg, prompt_ids=f"{len(pids)} spread over {len(prompts)}"),
     }
     out = Path(out)
-    if cfgm.gate != "uniform":
+    if not isinstance(model, PhaseLM) or learned_gates(model.config):  # V4 gates are always learned
         concentration_plane(heads, paths, out / "concentration_plane.png",
-                            f"{em.name} · key gates" + (" (per channel, averaged)" if cfgm.gate == "vector" else ""),
+                            f"{em.name} · key gates" + (" (per channel, averaged)" if gate == "vector" else ""),
                             traced)
     head_panel(heads, phases, ko, out / "gate_panel.png", f"{em.name} · gates beside knockouts")
     write_outputs(out, results, summary, heads=heads)

@@ -1,11 +1,14 @@
 """Intervention sites for the mechanism analyses, on PhaseLM and on Hugging Face decoders.
 
-Two sites per layer:
+Three sites per layer:
 
-    head    PhaseLM only: `layers[l].attn.z_hook`, the per-head outputs z (B, T, H, D) before o_proj.
-            Query head h reads KV head h // (H // n_kv) (GQA grouping of `attention.attend`).
-    layer   the attention block's output (B, T, d) after o_proj: `layers[l].attn` on PhaseLM,
-            `self_attn` of each decoder layer on Hugging Face models (first element of its output tuple).
+    head        PhaseLM only: `layers[l].attn.z_hook`, the per-head outputs z (B, T, H, D) before o_proj.
+                Query head h reads KV head h // (H // n_kv) (GQA grouping of `attention.attend`).
+    layer       the attention block's output (B, T, d) after o_proj: `layers[l].attn` on PhaseLM,
+                `self_attn` of each decoder layer on Hugging Face models (first element of its output tuple).
+    compressed  transformers DeepSeek-V4 only: the layer's compressed entries, hidden from the final queries
+                (the block bias its CSA/HCA compressor returns set to -inf on their rows); the exact tokens
+                of the sliding window and the attention sink stay.
 
 Interventions act at absolute positions: the final `n_final` tokens of prompts of `length` tokens, read
 from the positions the model passes to its attention (PhaseLM's `pos`, Hugging Face's `position_ids`),
@@ -23,6 +26,7 @@ from torch import nn
 
 from phasekv.attention.attention import Attention
 from phasekv.errors import ConfigError
+from phasekv.model.hf import v4_sites
 from phasekv.model.transformer import PhaseLM
 
 
@@ -198,6 +202,36 @@ def layer_knockout(model: nn.Module, layer: int, means_: FinalMeans) -> Iterator
         return (y, *output[1:]) if isinstance(output, tuple) else y
 
     handle = mods[layer].register_forward_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def compressed_layers(model: nn.Module) -> list[int]:
+    """Layers of a transformers DeepSeek-V4 model with a CSA or HCA compressor."""
+    return [site.layer for site in v4_sites(model) if site.branch == "key"]
+
+
+@contextmanager
+def compressed_knockout(model: nn.Module, layer: int, length: int, n_final: int = 1) -> Iterator[None]:
+    """Inside the block, the final `n_final` queries of prompts of `length` tokens see none of layer
+    `layer`'s compressed entries (a transformers DeepSeek-V4 model); everything else is unchanged."""
+    sites = {site.layer: site.module for site in v4_sites(model) if site.branch == "key"}
+    if layer not in sites:
+        raise ConfigError(f"layer={layer} has no DeepSeek-V4 compressor (compressed layers: {sorted(sites)})")
+
+    def hook(m, args, output):
+        kv, bias = output  # (B, 1, n, D), (B, 1, T, n) or None
+        pos = args[2].reshape(-1, args[2].shape[-1])[0]  # position_ids: same positions in every row
+        idx, _ = final_rows(pos, length, n_final)
+        if idx.numel() == 0 or kv.shape[2] == 0:
+            return output
+        bias = kv.new_zeros(kv.shape[0], 1, pos.shape[0], kv.shape[2]) if bias is None else bias.clone()
+        bias[:, :, idx] = float("-inf")
+        return kv, bias
+
+    handle = sites[layer].register_forward_hook(hook)
     try:
         yield
     finally:

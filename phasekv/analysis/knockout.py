@@ -4,8 +4,10 @@ Mean ablation at the query: for each (layer, KV head), at the final token of eve
 outputs z (before o_proj) of every query head that reads that KV head are replaced by their mean over
 `n_cal` calibration prompts (same layout, another seed: different key-name mappings); nothing else
 changes. The whole-layer variant replaces a layer's attention output at the final token(s) instead, and
-works on any decoder (PhaseLM or Hugging Face). Accuracy per residue t mod M (and folded to phases t mod
-S) is compared with the clean run: relative change (A_ko - A_clean) / A_clean.
+works on any decoder (PhaseLM or Hugging Face). The compressed variant (transformers DeepSeek-V4 models)
+hides a layer's compressed entries from the final token(s): the compressed branch alone; its default there is
+both, `compressed,layer`. Accuracy per residue t mod M (and folded to phases t mod S) is compared with the
+clean run: relative change (A_ko - A_clean) / A_clean.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from phasekv.analysis.hooks import (
     FinalMeans,
     attention_modules,
     capture_final,
+    compressed_knockout,
+    compressed_layers,
     head_knockout,
     is_phaselm,
     layer_knockout,
@@ -35,7 +39,10 @@ from phasekv.eval.stats import profile_summary
 from phasekv.eval.tokens import WordTokenizer
 
 CAL_SEED = 1_000_003  # calibration prompts use prompt seed + CAL_SEED: other mappings, same layout
-VARIANTS = ("head", "layer")
+VARIANTS = ("head", "layer", "compressed")
+Unit = tuple[int, int, str]  # (layer, kv_head or -1, variant)
+REPLACED = {"head": "z of the query heads reading the KV head", "layer": "attention output",
+            "compressed": "the layer's compressed entries, hidden from the final query"}  # what each variant removes
 
 
 def calibration_config(cfg: PromptConfig) -> PromptConfig:
@@ -63,25 +70,40 @@ def calibrate(model, tok, cfg: PromptConfig, n_cal: int = 256, n_final: int = 1,
     return means(acc)
 
 
-def units(model, variant: str) -> list[tuple[int, int]]:
-    """(layer, kv_head) of every knockout; kv_head = -1 for the whole-layer variant."""
-    if variant not in VARIANTS:
-        raise ConfigError(f"knockout variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
-    if variant == "head":
-        if not is_phaselm(model):
-            raise ConfigError("per-KV-head knockouts need a phasekv model; use --variant layer for Hugging Face models")
-        return [(layer, h) for layer in range(model.config.n_layers) for h in range(model.config.n_kv_heads)]
-    return [(layer, -1) for layer in range(len(attention_modules(model)))]
+def default_variant(model) -> str:
+    """head (phasekv), compressed,layer (a transformers DeepSeek-V4 model), layer (other decoders)."""
+    return "head" if is_phaselm(model) else "compressed,layer" if compressed_layers(model) else "layer"
 
 
-def knockout(model, means_: FinalMeans, layer: int, kv_head: int):
+def units(model, variant: str) -> list[Unit]:
+    """(layer, kv_head, variant) of every knockout of `variant` (one or several, comma-separated), layer by
+    layer; kv_head = -1 for the whole-layer and compressed-branch variants."""
+    kinds = [v.strip() for v in variant.split(",")]
+    for v in kinds:
+        if v not in VARIANTS:
+            raise ConfigError(f"knockout variant must be one of {', '.join(VARIANTS)}, got {v!r}")
+    if "head" in kinds and not is_phaselm(model):
+        raise ConfigError("per-KV-head knockouts need a phasekv model; use --variant layer for Hugging Face models")
+    if "compressed" in kinds and (is_phaselm(model) or not compressed_layers(model)):
+        raise ConfigError("compressed-branch knockouts need a transformers DeepSeek-V4 model with compressors")
+    n_layers = len(attention_modules(model))
+    per_layer = {"head": lambda layer: [(layer, h) for h in range(model.config.n_kv_heads)],
+                 "layer": lambda layer: [(layer, -1)],
+                 "compressed": lambda layer: [(layer, -1)] if layer in compressed_layers(model) else []}
+    return [(layer, kv, v) for layer in range(n_layers) for v in kinds for layer, kv in per_layer[v](layer)]
+
+
+def knockout(model, means_: FinalMeans, unit: Unit):
     """The context manager of one knockout unit."""
+    layer, kv_head, variant = unit
+    if variant == "compressed":
+        return compressed_knockout(model, layer, means_.length, means_.n_final)
     return layer_knockout(model, layer, means_) if kv_head < 0 else head_knockout(model, layer, kv_head, means_)
 
 
 @torch.no_grad()
 def run_knockouts(model, tok, cfg: PromptConfig, variant: str = "head", n_cal: int = 256, n_final: int = 1,
-                  pids=None, batch_size: int = 32, only: list[tuple[int, int]] | None = None,
+                  pids=None, batch_size: int = 32, only: list[Unit] | None = None,
                   advance: Callable[[int], None] | None = None) -> tuple[pd.DataFrame, FinalMeans]:
     """Per-prompt rows of the clean run and of every knockout (columns of `evaluate` + layer, kv_head,
     unit; the clean run has layer = kv_head = -1, unit 'clean'), and the calibration means used."""
@@ -91,21 +113,23 @@ def run_knockouts(model, tok, cfg: PromptConfig, variant: str = "head", n_cal: i
     if RetrievalPrompts(cfg, tok).length != means_.length:
         raise ConfigError("calibration and evaluation prompts differ in length")
     frames = []
-    for layer, kv in [(-1, -1), *todo]:
-        if layer < 0:
+    for unit in [(-1, -1, "clean"), *todo]:
+        if unit[0] < 0:
             rows = evaluate(model, tok, cfg, pids, batch_size=batch_size)
         else:
-            with knockout(model, means_, layer, kv):
+            with knockout(model, means_, unit):
                 rows = evaluate(model, tok, cfg, pids, batch_size=batch_size)
-        frames.append(rows.assign(layer=layer, kv_head=kv, unit=unit_name(layer, kv)))
+        frames.append(rows.assign(layer=unit[0], kv_head=unit[1], unit=unit_name(*unit)))
         if advance is not None:
             advance(1)
     return pd.concat(frames, ignore_index=True), means_
 
 
-def unit_name(layer: int, kv_head: int) -> str:
+def unit_name(layer: int, kv_head: int, variant: str = "layer") -> str:
     if layer < 0:
         return "clean"
+    if variant == "compressed":
+        return f"L{layer}·compressed"
     return f"L{layer}" if kv_head < 0 else f"L{layer}·KV{kv_head}"
 
 
@@ -158,10 +182,10 @@ def analyze_knockout(em, cfg: PromptConfig | None, out, variant: str | None = No
     from phasekv.analysis.figures import knockout_map  # matplotlib on use, not at start-up
 
     em, cfg = as_eval_model(em), prompt_config(cfg)
-    variant = variant or ("head" if is_phaselm(em.model) else "layer")
+    variant = variant or default_variant(em.model)
     todo = units(em.model, variant)
     if layers is not None:
-        bad = sorted(set(layers) - {layer for layer, _ in todo})
+        bad = sorted(set(layers) - {u[0] for u in todo})
         if bad:
             raise ConfigError(f"layers {bad} do not exist (the model has {todo[-1][0] + 1} layers)")
         todo = [u for u in todo if u[0] in set(layers)]
@@ -174,7 +198,7 @@ def analyze_knockout(em, cfg: PromptConfig | None, out, variant: str | None = No
     summary = {
         "analysis": "knockout", "variant": variant, "model": em.name, "modulus": cfg.modulus, "stride": stride,
         "n_prompts": int((rows["unit"] == "clean").sum()), "n_cal": means_.n, "n_final": n_final,
-        "replaced": "z of the query heads reading the KV head" if variant == "head" else "attention output",
+        "replaced": REPLACED.get(variant) or {v: REPLACED[v.strip()] for v in variant.split(",")},
         "clean": {k: 100 * float(v) for k, v in profile_summary(clean).items()},
         "strongest": strongest(table, "phase" if stride else "residue"),
         "provenance": provenance(em, cfg, calibration_seed=calibration_config(cfg).seed),

@@ -196,6 +196,22 @@ class Compressor(nn.Module, ABC):
 
     rope_layout = "leading"  # RoPE layout of the whole layer (queries, exact keys, entries); see rope.Rope
     applies_k_norm = True  # entries get the layer's key QK-norm before RoPE
+    slot_gates = False  # offset-specific gate parameters have one row per slot of S (cyclable at any W), not per offset
+
+    @staticmethod
+    def lead(cfg: ModelConfig) -> int:
+        """Tokens of a window before its entry's RoPE position; the grid starts that far before its phase."""
+        return 0
+
+    @staticmethod
+    def learns_gates(cfg: ModelConfig) -> bool:
+        """Whether a compressor of `cfg` has learned gate parameters (no: uniform averaging)."""
+        return cfg.gate != "uniform"
+
+    @staticmethod
+    def has_offset_gates(cfg: ModelConfig) -> bool:
+        """Whether it has offset-specific gate parameters: what gate cycling rolls (`cycled_params`)."""
+        return cfg.gate != "uniform"
 
     def __init__(self, grid: Grid, rope: Rope):
         super().__init__()
@@ -268,6 +284,19 @@ class V4Compressor(Compressor):
 
     rope_layout = "trailing"
     applies_k_norm = False
+    slot_gates = True  # position_bias: S slots, shared by both halves of a W = 2S window
+
+    @staticmethod
+    def lead(cfg: ModelConfig) -> int:
+        return cfg.window - cfg.stride  # CSA: the previous block; the first window has only its current block
+
+    @staticmethod
+    def learns_gates(cfg: ModelConfig) -> bool:
+        return True  # gate_proj, shared by every slot
+
+    @staticmethod
+    def has_offset_gates(cfg: ModelConfig) -> bool:
+        return cfg.gate_bias  # the slot bias is V4's only offset-specific gate term
 
     def __init__(self, cfg: ModelConfig, grid: Grid, rope: Rope):
         super().__init__(grid, rope)
@@ -287,10 +316,22 @@ COMPRESSORS: dict[str, type[Compressor]] = {"paper": PaperCompressor, "v4": V4Co
 
 
 def layer_grid(cfg: ModelConfig, layer: int) -> Grid:
-    """The window grid of `layer`: staggered phase (cfg.grid_offset) and the variant's placement. A V4 CSA
-    window (W = 2S) ends with its current block: the grid starts at -S and entry j is positioned at jS."""
-    lead = cfg.window - cfg.stride if cfg.compressor == "v4" else 0  # tokens before the entry's RoPE position
+    """The window grid of `layer`: staggered phase (cfg.grid_offset) and the variant's placement (a V4 CSA
+    window, W = 2S, ends with its current block: the grid starts at -S and entry j is positioned at jS)."""
+    lead = COMPRESSORS[cfg.compressor].lead(cfg)
     return Grid(cfg.window, cfg.stride, cfg.grid_offset(layer) - lead, cfg.local_window, rope_at=lead)
+
+
+def learned_gates(cfg: ModelConfig) -> bool:
+    """Whether `cfg` is compressed with learned gates (what gate statistics read), asked of its variant."""
+    return cfg.compressed and COMPRESSORS[cfg.compressor].learns_gates(cfg)
+
+
+def cyclable(cfg: ModelConfig) -> bool:
+    """Whether gate cycling applies to `cfg`: offset-specific gate parameters, one row per phase (W = S, or
+    per-slot gates such as V4's slot bias at any W), asked of its variant."""
+    variant = COMPRESSORS[cfg.compressor]
+    return cfg.compressed and (cfg.window == cfg.stride or variant.slot_gates) and variant.has_offset_gates(cfg)
 
 
 def layer_rope(cfg: ModelConfig) -> Rope:

@@ -31,6 +31,7 @@ from rich.progress import (
 )
 
 from phasekv import __version__
+from phasekv.attention.compressor import cyclable
 from phasekv.config import ModelConfig
 from phasekv.demo import stages
 from phasekv.demo.plan import DemoPlan, plan_for
@@ -142,7 +143,7 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
             tasks.append(Task(f"gates {alias}", stages.gates,
                               {"plan": p, "run_dir": run, "out": str(g), "knockout_dir": str(ko)},
                               lambda g=g: done(g), [*trained, f"knockout {alias}"]))
-        if cfg.compressed and cfg.window == cfg.stride and cfg.gate != "uniform":
+        if cyclable(cfg):
             c = lay.analysis("cycle", alias)
             tasks.append(Task(f"cycle {alias}", stages.cycle, {"plan": p, "run_dir": run, "out": str(c)},
                               lambda c=c: done(c), trained))

@@ -35,7 +35,7 @@ import torch
 
 from phasekv.data.tokenizer import load_tokenizer
 from phasekv.errors import ConfigError, PhaseKVError
-from phasekv.eval.models import EvalModel, config_json, evaluation_info, hf_stride
+from phasekv.eval.models import EvalModel, config_json, evaluation_info, hf_ratios, hf_stride
 from phasekv.eval.prompts import Prompt
 from phasekv.eval.tokens import WordTokenizer, word_list
 
@@ -289,6 +289,7 @@ def connect(server: str, served_model: str, tokenizer: str | Path | None = None,
             "engine": {"server": cfg.base, "served_model": served_model, "root": entry.get("root"),
                        "max_model_len": entry.get("max_model_len"), "top_logprobs": cfg.top_logprobs,
                        "prompts": 0, "answers_from_prompt_logprobs": 0}}
+    info["ratios"] = hf_ratios(config_json(model_dir))  # every compression ratio of its config.json (V4: CSA, HCA)
     return EngineModel(None, tok, served_model, "engine", hf_stride(config_json(model_dir)), info,
                        client=client, max_len=entry.get("max_model_len"))
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from phasekv.eval.tokens import WordTokenizer
-from phasekv.model.hf import EVAL_KEY
+from phasekv.model.hf import EVAL_KEY, compression_layout
 from phasekv.train.run import open_model
 
 PREFILL_CHUNK = 4096  # phasekv prompts longer than this are prefilled through the cache in chunks
@@ -96,6 +96,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", trust_remote_code
         info = {"path": str(path), "config": {k: v for k, v in cfg.to_dict().items()
                                               if isinstance(v, (int, float, str, bool))},
                 **{k: v for k, v in evaluation_info(path).items() if v is not None}}  # an export's run metadata
+        info["ratios"] = hf_ratios(cfg.to_dict())  # every compression ratio and its layer types (V4: CSA, HCA)
         return EvalModel(opened.model, tok, f"{cfg.model_type}:{path.name}", "hf", hf_stride(cfg.to_dict()), info)
     info = {"path": str(path), "weights": str(opened.weights), "config": cfg.to_dict(),
             "tokenizer": str(tokenizer or "run"), **evaluation_info(path)}
@@ -125,9 +126,20 @@ def config_json(directory: str | Path) -> dict:
 
 
 def hf_stride(config: dict) -> int | None:
-    """Compression stride declared by an HF config (DeepSeek-V4-style `compress_ratio` etc.), if any."""
-    for key in ("compress_stride", "compression_stride", "compress_ratio"):
-        v = config.get(key)
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
+    """The smallest compression ratio a Hugging Face config declares (`compression_layout`: DeepSeek-V4's
+    layer_types + compress_rates, the older compress_ratios list, a scalar compress_ratio), if any."""
+    ratios = compression_layout(config).distinct()
+    return min(ratios) if ratios else None
+
+
+def hf_ratios(config: dict) -> list[dict]:
+    """Every compression ratio of a Hugging Face config with the layer types it belongs to (JSON rows)."""
+    return [{"ratio": r, "layer_types": t} for r, t in compression_layout(config).distinct().items()]
+
+
+def model_ratios(em: EvalModel) -> dict[int, list[str]]:
+    """{ratio: layer types} an evaluation tests: every ratio of a Hugging Face config, a phasekv model's stride
+    (all its layers), or {} without compression."""
+    if em.info.get("ratios"):
+        return {int(r["ratio"]): list(r["layer_types"]) for r in em.info["ratios"]}
+    return {em.stride: ["compressed attention (every layer)"]} if em.stride else {}

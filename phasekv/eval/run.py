@@ -29,9 +29,10 @@ import torch
 from phasekv.errors import ConfigError
 from phasekv.eval.design import group_moments
 from phasekv.eval.figure import to_png
-from phasekv.eval.models import EvalModel, last_logits
+from phasekv.eval.models import EvalModel, last_logits, model_ratios
 from phasekv.eval.prompts import Prompt, PromptConfig, RetrievalPrompts
 from phasekv.eval.protocols import protocol
+from phasekv.eval.ratios import ratio_tests
 from phasekv.eval.stats import summarize
 from phasekv.eval.tokens import WordTokenizer
 from phasekv.io import write_json, write_parquet
@@ -186,6 +187,8 @@ def write_run(out: Path, rows: pd.DataFrame, task: str, em: EvalModel, cfg: Prom
         "prompt_length": meta["length"], "per_group": meta["per_group"],
         "per_group_requested": meta["per_group_requested"], "design_notice": meta["design_notice"],
         "target_moments": achieved,
+        "ratios": ratio_tests({"groups": s.groups}, model_ratios(em), seed=cfg.seed),  # every ratio dividing M
+        "ratios_untested": sorted(r for r in model_ratios(em) if cfg.modulus % r),  # audit plans these
         "provenance": {"seed": cfg.seed, "prompt_config": cfg.to_dict(), "model_info": em.info,
                        "tokenizer": em.tok.name, "word_pools": meta["word_pools"], "words": meta["words"],
                        "world_size": world, "seconds": round(seconds, 2), "versions": versions(), **extra},

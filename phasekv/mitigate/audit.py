@@ -3,24 +3,32 @@
 It runs the position-matched lookup test (models with a phasekv config) or the needle test (any causal LM)
 at a length that fits the hardware, then the periodicity tests, and gives a verdict: the gap with its
 interval, whether the residue profile is periodic with the stride (or another period), the weakest
-residues and phases, and a figure. Exit code 0 when the gap is below --max-gap, 3 otherwise.
+residues and phases, and a figure. Every compression ratio of the model is tested (a DeepSeek-V4 config's
+CSA and HCA ratios, `phasekv.eval.ratios`), each named with its layer types.
+
+Exit codes (audit.json's "verdict"): 0 pass (the model retrieves, its mean accuracy's 95% interval above
+twice chance, and every gap is below --max-gap), 3 fail (it retrieves and a gap is at or above --max-gap),
+4 inconclusive (it does not retrieve well enough for the gap to mean anything).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
 from phasekv.errors import ConfigError
 from phasekv.eval.figure import GREY, Figure, Guide, Panel, Trace, to_png
-from phasekv.eval.models import EvalModel
+from phasekv.eval.models import EvalModel, model_ratios
 from phasekv.eval.protocols import for_model, protocol, retrieval_protocols
+from phasekv.eval.ratios import RatioPlan, plan_ratios, ratio_tests
 from phasekv.eval.run import json_default, run_retrieval
 from phasekv.io import write_json
 
 ALPHA = 0.01  # level of the period-S test in the verdict
-PASS, FAIL = 0, 3  # exit codes
+PASS, FAIL, INCONCLUSIVE = 0, 3, 4  # exit codes
+VERDICTS = {PASS: "pass", FAIL: "fail", INCONCLUSIVE: "inconclusive"}  # audit.json's "verdict"
 
 
 def verdict(summary: dict, stride: int | None, max_gap: float) -> dict:
@@ -60,30 +68,52 @@ def run_audit(em: EvalModel, out: Path, stride: int | None = None, max_gap: floa
               per_group: int | None = None, modulus: int | None = None, context: int | None = None,
               records: int | None = None, demos: int | None = None, filler: int | None = None, seed: int = 0,
               batch_size: int = 32, interval: str | None = None, progress: bool = True) -> dict:
-    """Evaluate, test periodicity, write OUT/audit.json and OUT/audit.png; returns the verdict (with
-    `exit_code`). task: a retrieval protocol (`phasekv.eval.protocols`), or auto: the one for the model's kind."""
+    """Evaluate (once per modulus the model's ratios need), test periodicity, write OUT/audit.json and
+    OUT/audit.png; returns the verdict (with `verdict` and `exit_code`). task: a retrieval protocol
+    (`phasekv.eval.protocols`), or auto: the one for the model's kind. `stride` replaces the model's ratios."""
     if max_gap < 0:
         raise ConfigError(f"--max-gap {max_gap} must be >= 0 (points)")
     names = [p.name for p in retrieval_protocols()]
     if task != "auto" and task not in names:
         raise ConfigError(f"--task must be auto, {', '.join(names[:-1])} or {names[-1]}, got {task!r}")
     proto = for_model(em) if task == "auto" else protocol(task)
-    stride = stride or em.stride
     cfg = proto.fit(em, per_group=per_group, modulus=modulus, context=context, records=records, demos=demos,
                     filler=filler, seed=seed)
-    if stride is not None and (stride < 1 or cfg.modulus % stride):
+    if stride is not None and (stride < 1 or (modulus is not None and cfg.modulus % stride)):
         raise ConfigError(f"--stride {stride} must divide the modulus {cfg.modulus} (pass --modulus)")
-    out = Path(out)
-    summary = run_retrieval(proto.name, em, cfg, out / proto.name, batch_size=batch_size,
-                            interval=interval or proto.interval, stride=stride, progress=progress)
-    v = verdict(summary, stride, max_gap)
+    ratios = {stride: ["--stride"]} if stride else model_ratios(em)  # a ratio M misses gets its own modulus
+    out, runs = Path(out), []
+    for i, plan in enumerate(plan_ratios(ratios, cfg.modulus, cfg.per_group)):
+        c = cfg if plan.per_group is None else dataclasses.replace(cfg, modulus=plan.modulus,
+                                                                    per_group=plan.per_group, keep_n=True)
+        sub = out / (proto.name if i == 0 else f"{proto.name}-mod{plan.modulus}")
+        s = min([r for r in plan.ratios if r < plan.modulus], default=None)  # the evaluation's own period test
+        runs.append((plan, run_retrieval(proto.name, em, c, sub, batch_size=batch_size,
+                                         interval=interval or proto.interval, stride=s, progress=progress), sub))
+    v = audit_verdict(runs, max_gap)
+    v.update(model=em.name, task=proto.name, evaluation=str(runs[0][2]))
+    to_png(audit_figure(runs[0][1], v), out / "audit.png")
+    write_json(out / "audit.json", v, default=json_default)
+    return v
+
+
+def audit_verdict(runs: list[tuple[RatioPlan, dict, Path]], max_gap: float) -> dict:
+    """The verdict of an audit's evaluations (plan, summary, directory), the first one the headline: its
+    gap, period and weakest residues (`verdict`), every ratio's test, whether the model retrieves (the mean's
+    95% interval above twice chance), and the verdict word and exit code."""
+    (plan, summary, _), gaps = runs[0], [s["gap"] for _, s, _ in runs]
+    v = verdict(summary, min(plan.ratios, default=None), max_gap)
     n_values = summary.get("provenance", {}).get("word_pools", {}).get("values")
     v["chance"] = 100.0 / n_values if n_values else None  # guessing among the value words
-    v["near_chance"] = v["chance"] is not None and v["mean_ci"][0] <= 2 * v["chance"]
-    v.update(model=em.name, task=proto.name, protocol=summary["protocol"], prompt_length=summary["prompt_length"],
-             n_prompts=summary["n_prompts"], exit_code=PASS if v["pass"] else FAIL, evaluation=str(out / proto.name))
-    to_png(audit_figure(summary, v), out / "audit.png")
-    write_json(out / "audit.json", v, default=json_default)
+    v["retrieves"] = v["chance"] is not None and v["mean_ci"][0] > 2 * v["chance"]
+    v["near_chance"] = not v["retrieves"]
+    v["ratios"] = [{**t, "evaluation": str(d), "gap": s["gap"], "gap_ci": s["gap_ci"], "per_group": p.per_group,
+                    "n_rule": p.n_rule, "design_notice": s.get("design_notice")}
+                   for p, s, d in runs for t in ratio_tests(s, p.ratios)]
+    code = INCONCLUSIVE if not v["retrieves"] else PASS if max(gaps) < max_gap else FAIL
+    v.update({"pass": code == PASS, "largest_gap": max(gaps), "protocol": summary["protocol"],
+              "prompt_length": summary["prompt_length"], "n_prompts": sum(s["n_prompts"] for _, s, _ in runs),
+              "verdict": VERDICTS[code], "exit_code": code})
     return v
 
 
@@ -92,7 +122,7 @@ def audit_figure(summary: dict, v: dict) -> Figure:
     g = summary["groups"]
     r, acc = [x["residue"] for x in g], [x["acc"] for x in g]
     S, M = v["stride"], len(g)
-    word = "PASS" if v["pass"] else "FAIL"
+    word = v["verdict"].upper()
     weak = v["weakest_residues"]
     left = Panel([Trace("band", r, [x["lo"] for x in g], [x["hi"] for x in g], alpha=0.25),
                   Trace("line", r, acc, marker="circle", size=3),
@@ -113,17 +143,23 @@ def audit_figure(summary: dict, v: dict) -> Figure:
 
 
 def print_verdict(v: dict, console) -> None:
-    color = "green" if v["pass"] else "red"
+    color = {"pass": "green", "fail": "red", "inconclusive": "yellow"}[v["verdict"]]
     console.print(f"[bold]{v['model']}[/] · {v['task']} ({v['protocol']} padding, {v['n_prompts']:,} prompts of "
                   f"{v['prompt_length']:,} tokens)")
     console.print(f"mean {v['mean']:.1f} [{v['mean_ci'][0]:.1f}, {v['mean_ci'][1]:.1f}] · worst {v['worst']:.1f} · "
                   f"best {v['best']:.1f}")
     console.print(f"gap {v['gap']:.1f} points, 95% [{v['gap_ci'][0]:.1f}, {v['gap_ci'][1]:.1f}]; "
-                  f"threshold {v['max_gap']:g}: [bold {color}]{'PASS' if v['pass'] else 'FAIL'}[/]")
+                  f"threshold {v['max_gap']:g}: [bold {color}]{v['verdict'].upper()}[/] (exit {v['exit_code']})")
     console.print(f"period: {v['period_text']}")
-    if v.get("near_chance"):
-        console.print(f"[yellow]warning:[/] mean accuracy is near chance ({v['chance']:.1f}% = one of the "
-                      "value words at random): a small gap here says little about phase robustness")
+    for t in v["ratios"]:
+        p = "" if t["period_p_value"] is None else f", power at period {t['ratio']}: p = {t['period_p_value']:.4f}"
+        console.print(f"ratio {t['ratio']} ({', '.join(t['layer_types'])}): residues mod {t['modulus']}, gap "
+                      f"{t['gap']:.1f}; folded mod {t['ratio']}: weakest phase {t['weakest_phase']}, phase gap "
+                      f"{t['phase_gap']:.1f}{p}")
+    if v["near_chance"]:
+        chance = "unknown" if v["chance"] is None else f"{v['chance']:.1f}% (one of the value words at random)"
+        console.print(f"[yellow]inconclusive:[/] mean accuracy is near chance ({chance}): the model does not "
+                      "retrieve well enough for the gap to say anything about phase robustness")
     weak = ", ".join(f"{w['residue']} ({w['acc']:.1f} [{w['lo']:.1f}, {w['hi']:.1f}])" for w in v["weakest_residues"])
     console.print(f"weakest residues mod {v['modulus']}: {weak}")
     if "weakest_phases" in v:

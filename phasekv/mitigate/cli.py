@@ -52,8 +52,10 @@ def audit_command(
     server: str = ENGINE["server"],
     served_model: str = ENGINE["served_model"],
     concurrency: int = ENGINE["concurrency"],
-    stride: int = typer.Option(None, help="Compression stride S to test for (default: the model's)."),
-    max_gap: float = typer.Option(10.0, "--max-gap", help="Gap threshold in points: exit 0 below it, 3 otherwise."),
+    stride: int = typer.Option(None, help="Compression stride S to test for (default: every compression ratio of "
+                                          "the model, e.g. a DeepSeek-V4 config's CSA and HCA ratios)."),
+    max_gap: float = typer.Option(10.0, "--max-gap", help="Gap threshold in points: exit 0 below it (when the model "
+                                                          "retrieves), 3 at or above it, 4 when inconclusive."),
     out: Path = typer.Option(None, "--out", help="Output directory (default: ./audit-<model dir name>)."),
     task: str = typer.Option("auto", help="auto (lookup for phasekv models and their exports, needle otherwise) | lookup | needle."),
     context: int = typer.Option(None, help="Needle context tokens (default: what fits the device and model)."),
@@ -68,8 +70,10 @@ def audit_command(
     tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
 ) -> None:
-    """Phase audit in one command: retrieval by residue, periodicity, verdict, figure; exit 0 (gap < --max-gap)
-    or 3 (gap >= --max-gap), so it can gate a model release in CI.
+    """Phase audit in one command: retrieval by residue for every compression ratio, periodicity, verdict,
+    figure, so it can gate a model release in CI. Exit codes (audit.json "verdict"): 0 pass: the model retrieves
+    (mean accuracy's 95% interval above twice chance) and every gap is below --max-gap; 3 fail: a gap is at or
+    above --max-gap; 4 inconclusive: the model does not retrieve well enough for the gap to mean anything.
 
     Example: phasekv audit --model runs/w8s8 --stride 8 --max-gap 10
     """

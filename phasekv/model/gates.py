@@ -4,6 +4,10 @@ regulariser and the gate analyses share.
 The scores are recomputed from the compressor's input inside a pre-hook on each compressed attention, so
 the reading works under DDP and FSDP2 (parameters are gathered for the layer's forward), keeps gradients
 when the forward has them, and sees exactly the windows the layer compresses.
+
+On a transformers DeepSeek-V4 model the pre-hook sits on each HF compressor (CSA, HCA, and the CSA
+indexer's, read as branch "indexer"): its input hidden states go through a PhaseLM mirror of the module
+(`phasekv.model.hf.compressor_from_hf`, weights copied when the block is entered; no gradients).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import torch
 from torch import nn
 
 from phasekv.attention.positions import Grid
+from phasekv.config import ModelConfig
+from phasekv.model.hf import compressor_from_hf, v4_sites
 
 
 @dataclass
@@ -23,7 +29,7 @@ class GateRead:
     """The gate scores of one branch of one compressed layer in one forward pass."""
 
     layer: int
-    branch: str  # "key" or "value"
+    branch: str  # "key" or "value"; "indexer" for a DeepSeek-V4 CSA indexer's compressor
     alpha: torch.Tensor  # (B, n, W, n_kv, G): softmax over the offsets of every window holding W tokens
     grid: Grid  # the layer's window grid (offset i sits at phase grid.offset_phase(i))
     gated: bool  # False for uniform averaging (alpha = 1/W, no gate parameters)
@@ -32,9 +38,18 @@ class GateRead:
 
 @contextmanager
 def gate_scores(model: nn.Module, on_read: Callable[[GateRead], None]) -> Iterator[None]:
-    """Inside the block, every forward of `model` (a PhaseLM) calls `on_read` once per compressed layer and
-    branch, in layer order, with at least one complete window."""
+    """Inside the block, every forward of `model` (a PhaseLM or a transformers DeepSeek-V4 model) calls
+    `on_read` once per compressed layer and branch, in layer order, with at least one complete window."""
+    phaselm = isinstance(getattr(model, "config", None), ModelConfig)
+    handles = _phaselm_hooks(model, on_read) if phaselm else _hf_hooks(model, on_read)
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
+
+def _phaselm_hooks(model: nn.Module, on_read: Callable[[GateRead], None]) -> list:
     def hook(layer: int):
         def pre(attn, args):
             windows = attn.compressor.full_windows(args[0])  # (B, n, W, d) from the normed hidden states
@@ -45,10 +60,31 @@ def gate_scores(model: nn.Module, on_read: Callable[[GateRead], None]) -> Iterat
 
         return pre
 
-    handles = [block.attn.register_forward_pre_hook(hook(i))
-               for i, block in enumerate(model.layers) if block.attn.compressor is not None]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+    return [block.attn.register_forward_pre_hook(hook(i))
+            for i, block in enumerate(model.layers) if block.attn.compressor is not None]
+
+
+def _hf_hooks(model: nn.Module, on_read: Callable[[GateRead], None]) -> list:
+    def hook(site, mirror):
+        def pre(module, args):
+            windows = mirror.full_windows(args[0].float())  # (B, n, W, d) from the layer's normed hidden states
+            if windows.shape[1] > 0:
+                on_read(GateRead(site.layer, site.branch, mirror.key.gate_scores(windows), mirror.grid, True,
+                                 module.training))
+
+        return pre
+
+    handles = []
+    for site in v4_sites(model):
+        device = next(site.module.parameters()).device
+        mirror = compressor_from_hf(site.module, model.config).to(device)
+        handles.append(site.module.register_forward_pre_hook(hook(site, mirror)))
+    return handles
+
+
+def gate_grids(model: nn.Module) -> dict[tuple[int, str], Grid]:
+    """The window grid of every (layer, branch) that `gate_scores` reads on `model`."""
+    if isinstance(getattr(model, "config", None), ModelConfig):
+        return {(i, name): block.attn.grid for i, block in enumerate(model.layers) if block.attn.compressor is not None
+                for name, _ in block.attn.compressor.named_branches()}
+    return {(site.layer, site.branch): site.grid for site in v4_sites(model)}

@@ -86,7 +86,7 @@ def gate_plane(study: Study, colors: dict[str, str]) -> Figure | None:
     points, paths = [], []
     for alias, st in study.analyses.get("gates", {}).items():
         m = study.models[alias]
-        if m.gate == "uniform" or st.results is None or "static" not in st.results:
+        if not m.learned_gates or st.results is None or "static" not in st.results:
             continue
         points.append(tables.gate_points(st).assign(model=alias, name=m.name, window=m.window))
         path = tables.gate_path(m)
@@ -101,7 +101,7 @@ def gate_plane(study: Study, colors: dict[str, str]) -> Figure | None:
 def alignment(study: Study, alias: str) -> Figure | None:
     m = study.models[alias]
     gates, ko = study.analyses.get("gates", {}).get(alias), study.analyses.get("knockout", {}).get(alias)
-    if gates is None or gates.results is None or m.gate == "uniform":
+    if gates is None or gates.results is None or not m.learned_gates:
         return None
     return alignment_figure(gates.results, ko.results if ko is not None else None, m.window,
                             f"Gate preferences and knockout losses · {m.name}")

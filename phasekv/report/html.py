@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from phasekv.theory.io import jsonable
+from phasekv.io import jsonable
 
 esc = html.escape
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from phasekv.attention.compressor import learned_gates
 from phasekv.config import ModelConfig
 from phasekv.errors import DataError
 from phasekv.eval.protocols import FLIP, LOOKUP, PROTOCOLS, retrieval_protocols
@@ -36,6 +37,7 @@ class Model:
     window: int  # 0 for full attention
     stride: int  # 0 for full attention
     gate: str  # scalar | vector | uniform
+    learned_gates: bool  # has gate parameters whose statistics the report shows (asked of the compressor variant)
     run: dict = field(default_factory=dict)  # training settings and outcome (preset, steps, seed, time, ...)
     metrics: pd.DataFrame | None = None  # metrics.jsonl rows
     gate_paths: pd.DataFrame | None = None  # gates.jsonl rows
@@ -122,10 +124,11 @@ def _model(alias: str, hints: dict) -> Model:
     name = hints.get("name") or alias
     try:
         cfg = ModelConfig.from_name(name if "·" in name else alias)
-        return Model(alias, cfg.name, cfg.window, cfg.stride, cfg.gate)
+        return Model(alias, cfg.name, cfg.window, cfg.stride, cfg.gate, learned_gates(cfg))
     except Exception:  # a model phasekv cannot name (e.g. a Hugging Face directory): use what was recorded
         stride = int(hints.get("stride") or 0)
-        return Model(alias, name, int(hints.get("window") or stride), stride, hints.get("gate", "scalar"))
+        gate = hints.get("gate", "scalar")
+        return Model(alias, name, int(hints.get("window") or stride), stride, gate, stride > 0 and gate != "uniform")
 
 
 def _run_info(run_dir: Path) -> tuple[dict, pd.DataFrame | None, pd.DataFrame | None]:

@@ -249,7 +249,7 @@ def section_gates(b: Builder) -> None:
     rows = []
     for alias, st in study.analyses.get("gates", {}).items():
         m = study.models[alias]
-        if st.results is None or "static" not in st.results or m.gate == "uniform":
+        if st.results is None or "static" not in st.results or not m.learned_gates:
             continue
         for r in tables.gate_points(st).itertuples():
             rows.append([esc(m.name), fmt(int(r.layer)), fmt(int(r.kv_head)), fmt(r.static, 2), fmt(r.per_window, 2)])

@@ -31,23 +31,8 @@ def write_parquet(df: pd.DataFrame, path: Path) -> None:
     phasekv.io.write_parquet(path, df)
 
 
-def jsonable(obj):
-    """JSON-safe copy: NaN/inf -> null, numpy scalars and arrays -> Python (summaries, the report's figure data)."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return jsonable(obj.item())
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return None
-    return obj
-
-
 def write_json(obj: dict, path: Path) -> None:
-    phasekv.io.write_text(path, json.dumps(jsonable(obj), indent=2) + "\n")
+    phasekv.io.write_text(path, json.dumps(phasekv.io.jsonable(obj), indent=2) + "\n")
 
 
 def save_figure(fig, path: Path) -> None:

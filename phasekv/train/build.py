@@ -1,14 +1,16 @@
 """What a run starts from, apart from the loop: its tokenizer and model (fresh under the run seed, the weights
-of `--init-from`, or the checkpoint's architecture on resume) and its optimizer (AdamW; weight decay on
-matrices only).
+of `--init-from`, or the checkpoint's architecture on resume; a transformers model with `--hf-config` /
+`--hf-model`, see `phasekv.train.hfmodel`) and its optimizer (AdamW; weight decay on matrices only).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
+from torch import nn
 
 from phasekv.attention.compressor import GATE_BIAS_NAMES
 from phasekv.config import ModelConfig
@@ -19,7 +21,43 @@ from phasekv.model.io import read_config
 from phasekv.model.transformer import PhaseLM
 from phasekv.train import checkpoint as ck
 from phasekv.train.config import TrainConfig
+from phasekv.train.hfmodel import HFSource, hf_model, hf_name, hf_writer, new_hf_model, read_hf_config
 from phasekv.train.run import load_run
+
+DEFAULT_SEED = ModelConfig.seed  # a transformers model's seed unless --seed is given
+
+
+@dataclass
+class RunModel:
+    """The model a run trains, PhaseLM or transformers, with what the loop needs to name, log and save it."""
+
+    module: nn.Module
+    name: str  # PhaseLM paper name, or "<model_type>:<config or model dir>"
+    seed: int  # init and data order
+    config: dict  # the model config (the run's config.json "model")
+    hf: bool  # a transformers model (forward takes use_cache, checkpoints are save_pretrained dirs)
+
+    @property
+    def coverage_reg(self) -> float:
+        return 0.0 if self.hf else self.module.config.coverage_reg
+
+    def writer(self, state: dict, tok):
+        """Writes a checkpoint's model files from the full `state` (`checkpoint.save_checkpoint`)."""
+        return hf_writer(self.module, tok, state) if self.hf else ck.phaselm_writer(state, self.module.config.to_json())
+
+
+def phaselm_run(model: PhaseLM, cfg: TrainConfig) -> RunModel:
+    seed = model.config.seed if cfg.seed is None else cfg.seed
+    return RunModel(model, model.config.name, seed, model.config.to_dict(), False)
+
+
+def hf_run(cfg: TrainConfig, vocab_size: int, resume_from: Path | None = None) -> RunModel:
+    """A transformers model: fresh from --hf-config, the weights of --hf-model, or (on resume) the checkpoint's
+    config (its weights are loaded by `resume.restore`)."""
+    source = HFSource(cfg.hf_config, cfg.hf_model)
+    seed = DEFAULT_SEED if cfg.seed is None else cfg.seed
+    model = new_hf_model(read_hf_config(resume_from), seed) if resume_from else hf_model(source, seed, vocab_size)
+    return RunModel(model, hf_name(model, source), seed, model.config.to_dict(), True)
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> tuple[PhaseLM, Tokenizer | None]:
@@ -39,19 +77,21 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> tuple[PhaseLM, Tokenizer |
     return PhaseLM(mcfg), None
 
 
-def model_and_tokenizer(cfg: TrainConfig, resuming: bool) -> tuple[PhaseLM, Tokenizer]:
+def model_and_tokenizer(cfg: TrainConfig, resuming: bool) -> tuple[RunModel, Tokenizer]:
     """The run's model and tokenizer; on resume, the run's tokenizer and its latest checkpoint's architecture
     (the weights are loaded by `resume.restore`)."""
-    out = Path(cfg.out)
+    out, hf = Path(cfg.out), cfg.hf_config is not None or cfg.hf_model is not None
     if resuming:
-        tok = load_tokenizer(out / "tokenizer.json")
-        return PhaseLM(read_config(ck.latest_checkpoint(out))), tok
+        tok, latest = load_tokenizer(out / "tokenizer.json"), ck.latest_checkpoint(out)
+        return (hf_run(cfg, 0, latest) if hf else phaselm_run(PhaseLM(read_config(latest)), cfg)), tok
     tok = data_tokenizer(cfg.data) if not cfg.init_from or cfg.data.tokenizer else None
+    if hf:
+        return hf_run(cfg, tok.get_vocab_size()), tok
     model, init_tok = build_model(cfg, tok.get_vocab_size() if tok else 0)
     tok = tok or init_tok
     if tok.get_vocab_size() > model.config.vocab_size:
         raise ConfigError(f"tokenizer has {tok.get_vocab_size()} tokens, the model only {model.config.vocab_size}")
-    return model, tok
+    return phaselm_run(model, cfg), tok
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -62,6 +102,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: PhaseLM, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                              fused=device.type == "cuda")

@@ -6,7 +6,8 @@ A run directory:
     tokenizer.json     the run's tokenizer
     metrics.jsonl      one JSON object per logged step / validation
     gates.jsonl        gate concentration snapshots (one row per step, layer, KV head, branch)
-    checkpoints/step_00000500/   config.json + model.safetensors (a `PhaseLM.save` directory, loadable alone),
+    checkpoints/step_00000500/   config.json + model.safetensors (a `PhaseLM.save` directory, loadable alone;
+                                 for a transformers model a `save_pretrained` directory with its tokenizer),
                                  optimizer.pt, trainer_state.json (step, data position, RNG states)
     done.json          written when the run reached its last step
 
@@ -25,6 +26,7 @@ import os
 import re
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import safetensors.torch
@@ -72,22 +74,33 @@ def latest_checkpoint(run_dir: str | os.PathLike, verify: bool = True) -> Path |
     return None
 
 
-def save_checkpoint(run_dir: Path, step: int, model_state: dict, model_config_json: str, optim_state: dict,
+def phaselm_writer(model_state: dict, model_config_json: str) -> Callable[[Path], list[str]]:
+    """Writes a PhaseLM checkpoint's model files (weights, config); returns their names."""
+    state = {k: v.detach().contiguous().cpu() for k, v in model_state.items()}
+
+    def write(directory: Path) -> list[str]:
+        safetensors.torch.save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+        (directory / CONFIG_FILE).write_text(model_config_json)
+        return [WEIGHTS_FILE, CONFIG_FILE]
+
+    return write
+
+
+def save_checkpoint(run_dir: Path, step: int, write_model: Callable[[Path], list[str]], optim_state: dict,
                     trainer_state: dict, keep: int = 2) -> Path:
-    """Write one checkpoint atomically (`phasekv.io.atomic_dir`), then prune to the newest `keep`."""
+    """Write one checkpoint atomically (`phasekv.io.atomic_dir`): the model files (`write_model(dir)` returns
+    their names), optimizer, trainer state, manifest; then prune to the newest `keep`."""
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):  # left by a crash mid-write
         shutil.rmtree(stale, ignore_errors=True)
     final = step_dir(run_dir, step)
-    state = {k: v.detach().contiguous().cpu() for k, v in model_state.items()}
     try:
         with atomic_dir(final) as tmp:
-            safetensors.torch.save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-            (tmp / CONFIG_FILE).write_text(model_config_json)
+            model_files = write_model(tmp)
             torch.save(optim_state, tmp / OPTIM_FILE)
             (tmp / STATE_FILE).write_text(json.dumps(trainer_state))  # marks the checkpoint complete
-            write_manifest(tmp, [WEIGHTS_FILE, CONFIG_FILE, OPTIM_FILE, STATE_FILE])  # sha256 of what is on disk
+            write_manifest(tmp, [*model_files, OPTIM_FILE, STATE_FILE])  # sha256 of what is on disk
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise

@@ -24,6 +24,8 @@ class TrainConfig:
     out: str = "runs/run"  # run directory (config, tokenizer, metrics, gates, checkpoints)
     init_from: str | None = None  # start from these weights (run dir or model dir); fresh optimizer and data
     seed: int | None = None  # model init + data order; None = the seed in the model name (42 by default)
+    hf_config: str | None = None  # train a transformers causal LM of this config.json instead of --arch/--preset
+    hf_model: str | None = None  # continue training this Hugging Face model directory's weights (fresh optimizer)
     # --- how long ---
     steps: int = 0  # optimizer steps (0: from `tokens`, else 1600: the tiny recall recipe)
     tokens: int = 0  # alternative to `steps`: total training tokens (rounded up to whole steps)
@@ -64,6 +66,8 @@ class TrainConfig:
         for f in ("steps", "tokens", "warmup", "val_every", "ckpt_every", "threads"):
             if getattr(self, f) < 0:
                 raise ConfigError(f"{f}={getattr(self, f)} must be >= 0")
+        if sum(x is not None for x in (self.hf_config, self.hf_model, self.init_from)) > 1:
+            raise ConfigError("give one of --hf-config, --hf-model and --init-from")
         if self.steps and self.tokens:
             raise ConfigError("give --steps or --tokens, not both")
         if not self.lr > 0 or self.min_lr < 0 or self.min_lr > self.lr:

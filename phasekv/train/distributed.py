@@ -117,9 +117,11 @@ def full_state(model: PhaseLM, opt: torch.optim.Optimizer) -> tuple[dict, dict]:
     return get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_full_state(model: PhaseLM, opt: torch.optim.Optimizer, msd: dict, osd: dict):
-    """Load full state dicts into a (possibly sharded) model and its optimizer."""
+def load_full_state(model: PhaseLM, opt: torch.optim.Optimizer, msd: dict, osd: dict, strict: bool = True):
+    """Load full state dicts into a (possibly sharded) model and its optimizer; `strict=False` accepts
+    parameters without optimizer state (never reached by a gradient, e.g. a V4 indexer whose top-k keeps
+    every entry)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict  # ~1 s to import
 
     set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd,
-                   options=StateDictOptions(full_state_dict=True))
+                   options=StateDictOptions(full_state_dict=True, strict=strict))

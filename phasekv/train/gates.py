@@ -23,7 +23,7 @@ def gate_snapshot(model, input_ids: torch.Tensor) -> list[dict]:
         for kv in range(static.shape[0]):
             rows.append({"layer": r.layer, "kv_head": kv, "branch": r.branch, "static": float(static[kv]),
                          "per_window": float(per_window[kv]), "window": r.grid.window, "stride": r.grid.stride,
-                         "gate": model.config.gate})
+                         "gate": getattr(model.config, "gate", "vector")})  # V4: vector
 
     was = model.training
     model.eval()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from phasekv.data.recall import RecallStream, recall_accuracy
 from phasekv.data.sources import build_stream
@@ -24,7 +25,6 @@ from phasekv.data.stream import IGNORE, MixtureStream, batch
 from phasekv.data.tokenizer import describe, save_tokenizer
 from phasekv.errors import ConfigError, PhaseKVError
 from phasekv.io import write_json
-from phasekv.model.transformer import PhaseLM
 from phasekv.provenance import versions
 from phasekv.train import checkpoint as ck
 from phasekv.train.build import build_optimizer, model_and_tokenizer
@@ -40,19 +40,19 @@ class TrainingDiverged(PhaseKVError):
     """The loss or gradient became non-finite; the run stopped and kept its last good checkpoint."""
 
 
-def loss_sum(model, ids: torch.Tensor, labels: torch.Tensor, autocast: bool) -> torch.Tensor:
-    """Summed next-token cross-entropy over positions with a label."""
+def loss_sum(model, ids: torch.Tensor, labels: torch.Tensor, autocast: bool, hf: bool = False) -> torch.Tensor:
+    """Summed next-token cross-entropy over positions with a label (`hf`: a transformers model, no cache)."""
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-        logits = model(ids)  # (B, T, V)
+        logits = model(ids, use_cache=False).logits if hf else model(ids)  # (B, T, V)
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE, reduction="sum")
 
 
 @torch.no_grad()
-def validate(model: PhaseLM, stream, cfg: TrainConfig, device, autocast: bool) -> dict:
+def validate(model: nn.Module, stream, cfg: TrainConfig, device, autocast: bool, hf: bool = False) -> dict:
     if isinstance(stream, MixtureStream):  # each source apart: the text's loss, the recall's accuracy by phase
         out: dict = {}
         for part in stream.streams:
-            r = validate(model, part, cfg, device, autocast)
+            r = validate(model, part, cfg, device, autocast, hf)
             if isinstance(part, RecallStream):
                 r["val_recall_loss"] = r.pop("val_loss")
             out.update(r)
@@ -69,7 +69,7 @@ def validate(model: PhaseLM, stream, cfg: TrainConfig, device, autocast: bool) -
     tot, n = 0.0, 0
     for s in range(0, cfg.val_sequences, bs):
         b = batch(stream, s, min(bs, cfg.val_sequences - s))
-        tot += loss_sum(model, b["input_ids"].to(device), b["labels"].to(device), autocast).item()
+        tot += loss_sum(model, b["input_ids"].to(device), b["labels"].to(device), autocast, hf).item()
         n += int((b["labels"] != IGNORE).sum())
     model.train()
     return {"val_loss": tot / max(n, 1)}
@@ -103,19 +103,21 @@ class Trainer:
         self.micro = cfg.batch_size // cfg.grad_accum
         if self.micro % dist.world:
             raise ConfigError(f"batch_size/grad_accum={self.micro} must be a multiple of the world size {dist.world}")
-        self.model, tok = model_and_tokenizer(cfg, resuming)
-        self.seed = self.model.config.seed if cfg.seed is None else cfg.seed
+        self.run_model, tok = model_and_tokenizer(cfg, resuming)
+        self.model, self.seed, self.tok = self.run_model.module, self.run_model.seed, tok
+        if self.run_model.hf and cfg.fsdp:
+            raise ConfigError("--fsdp trains phasekv models only; train a Hugging Face model with DDP (no --fsdp)")
         self._streams(tok)
         if dist.main:
             self._write_run_files(tok)
         self.model.to(device)
         self.wrapped = wrap(self.model, cfg, dist, device)
-        self.coverage = CoverageProbe(self.model) if self.model.config.coverage_reg else None  # `· coverage reg X`
+        self.coverage = CoverageProbe(self.model) if self.run_model.coverage_reg else None  # `· coverage reg X`
         self.opt = build_optimizer(self.model, cfg, device)
         self.step, self.loss = 0, float("nan")
         if resuming:
             self.step, self.loss = restore(ck.latest_checkpoint(self.out), self.model, self.opt, device,
-                                           cfg.batch_size)
+                                           cfg.batch_size, hf=self.run_model.hf)
         self.logs = Logs(self.out, cfg, dist.main, self.step)
 
     def _streams(self, tok) -> None:
@@ -130,10 +132,10 @@ class Trainer:
         self.probe = batch(build_stream(cfg.data, tok, cfg.seq_len, seed, "probe", progress=False), 0, cfg.gate_probe)
 
     def _write_run_files(self, tok) -> None:
-        mcfg = self.model.config
+        run = self.run_model
         self.out.mkdir(parents=True, exist_ok=True)
         save_tokenizer(tok, self.out / "tokenizer.json")
-        write_json(self.out / "config.json", {"train": self.cfg.to_dict(), "model": mcfg.to_dict(), "name": mcfg.name,
+        write_json(self.out / "config.json", {"train": self.cfg.to_dict(), "model": run.config, "name": run.name,
                                               "tokenizer": describe(tok), "versions": versions("tokenizers"),
                                               "seed": self.seed}, default=str)
         (self.out / "done.json").unlink(missing_ok=True)
@@ -152,11 +154,12 @@ class Trainer:
         step_loss, step_reg = torch.zeros((), device=device), 0.0
         for a, b in enumerate(micro_batches):
             with no_sync(self.wrapped, cfg, dist, a == cfg.grad_accum - 1):
-                ls = loss_sum(self.wrapped, b["input_ids"].to(device), b["labels"].to(device), self.autocast)
+                ls = loss_sum(self.wrapped, b["input_ids"].to(device), b["labels"].to(device), self.autocast,
+                              self.run_model.hf)
                 loss = ls * dist.world / n_tgt
                 if self.coverage is not None:
                     reg = self.coverage.pop() / cfg.grad_accum
-                    loss, step_reg = loss + self.model.config.coverage_reg * reg.to(device), step_reg + float(reg.detach())
+                    loss, step_reg = loss + self.run_model.coverage_reg * reg.to(device), step_reg + float(reg.detach())
                 loss.backward()
             step_loss += ls.detach() / n_tgt
         self.loss = float(dist.all_sum(step_loss))
@@ -181,11 +184,11 @@ class Trainer:
     def save(self):
         msd, osd = full_state(self.model, self.opt)
         if self.dist.main:
-            mcfg, cuda = self.model.config, self.device.type == "cuda"
+            cuda = self.device.type == "cuda"
             rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if cuda else None}
-            ck.save_checkpoint(self.out, self.step, msd, mcfg.to_json(), {"optimizer": osd, "rng": rng},
+            ck.save_checkpoint(self.out, self.step, self.run_model.writer(msd, self.tok), {"optimizer": osd, "rng": rng},
                                {"step": self.step, "data_index": self.step * self.cfg.batch_size, "loss": self.loss,
-                                "name": mcfg.name, "total_steps": self.cfg.total_steps},
+                                "name": self.run_model.name, "total_steps": self.cfg.total_steps},
                                keep=self.cfg.keep_checkpoints)
         self.dist.barrier()
 
@@ -194,7 +197,7 @@ class Trainer:
         self.logs.gates([{"step": self.step, **r} for r in rows])
 
     def _validate(self) -> dict:
-        return validate(self.model, self.val_stream, self.cfg, self.device, self.autocast)
+        return validate(self.model, self.val_stream, self.cfg, self.device, self.autocast, self.run_model.hf)
 
     def run(self) -> dict:
         cfg, n_steps, gate_steps = self.cfg, self.cfg.total_steps, self.cfg.gate_schedule()
@@ -222,10 +225,10 @@ class Trainer:
         return self._finish(summary or self._validate(), clock)
 
     def _finish(self, validation: dict, clock: Clock) -> dict:
-        n_steps, mcfg = self.cfg.total_steps, self.model.config
-        summary = {"name": mcfg.name, "steps": n_steps, "final_loss": self.loss,
+        n_steps = self.cfg.total_steps
+        summary = {"name": self.run_model.name, "steps": n_steps, "final_loss": self.loss,
                    "tokens": n_steps * clock.tokens_per_step, **clock.session(n_steps),
-                   "n_params": self.model.n_params, "out": str(self.out), "seed": self.seed,
+                   "n_params": sum(p.numel() for p in self.model.parameters()), "out": str(self.out), "seed": self.seed,
                    "versions": versions("tokenizers"), **validation}
         if self.dist.main:
             write_json(self.out / "done.json", summary, default=str)

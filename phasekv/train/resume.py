@@ -12,10 +12,11 @@ import torch
 
 from phasekv.data.sources import DataConfig
 from phasekv.errors import CheckpointError, ConfigError
-from phasekv.model.io import read_weights
+from phasekv.model.io import load_state, read_weights
 from phasekv.train import checkpoint as ck
 from phasekv.train.config import TrainConfig
 from phasekv.train.distributed import load_full_state
+from phasekv.train.hfmodel import complete_tied
 
 RUNTIME_FIELDS = {"device", "compile", "threads", "logger", "progress", "steps", "tokens", "out",
                   "val_every", "ckpt_every", "log_every", "keep_checkpoints"}
@@ -68,11 +69,17 @@ def resolve_config(config: TrainConfig | None, resume: bool, overrides: dict) ->
     return apply_overrides(saved, keep), ck.latest_checkpoint(out) is not None
 
 
-def restore(ckpt: Path, model, opt: torch.optim.Optimizer, device: torch.device, batch_size: int) -> tuple[int, float]:
-    """Load the weights, optimizer state and RNG state of `ckpt`; returns (step, its last loss)."""
+def restore(ckpt: Path, model, opt: torch.optim.Optimizer, device: torch.device, batch_size: int,
+            hf: bool = False) -> tuple[int, float]:
+    """Load the weights, optimizer state and RNG state of `ckpt`; returns (step, its last loss). `hf`: a
+    transformers model, whose save_pretrained file leaves out tied weights."""
     state = ck.read_trainer_state(ckpt)
     extra = ck.read_optimizer(ckpt)
-    load_full_state(model, opt, read_weights(ckpt / ck.WEIGHTS_FILE), extra["optimizer"])
+    weights = read_weights(ckpt / ck.WEIGHTS_FILE)
+    if hf:
+        weights = complete_tied(model, weights)
+        load_state(model, weights, str(ckpt / ck.WEIGHTS_FILE))  # every tensor present, shapes checked
+    load_full_state(model, opt, weights, extra["optimizer"], strict=not hf)
     torch.set_rng_state(extra["rng"]["torch"])
     if device.type == "cuda" and extra["rng"].get("cuda") is not None:
         torch.cuda.set_rng_state(extra["rng"]["cuda"])

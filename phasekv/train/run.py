@@ -49,7 +49,7 @@ def resolve_model_dir(path: str | os.PathLike) -> tuple[Path, str]:
         ckpt = latest_checkpoint(p)
         if ckpt is None:
             raise CheckpointError(f"{p}: training run has no complete checkpoint yet")
-        return ckpt, "run"
+        return ckpt, "hf" if "model_type" in _config(ckpt) else "run"  # a transformers run: save_pretrained dirs
     cfg = _config(p)
     if "config_version" in cfg:
         return p, "phasekv"

@@ -56,7 +56,7 @@ def test_coverage_regulariser_reaches_the_slot_bias():
     penalty = probe.pop()
     probe.remove()
     penalty.backward()
-    assert 0 < float(penalty) <= 1
+    assert 0 < float(penalty.detach()) <= 1
     assert model.layers[0].attn.compressor.key.position_bias.grad.abs().sum() > 0
 
 
@@ -66,3 +66,20 @@ def test_slot_bias_gets_no_weight_decay():
     biases = [b.attn.compressor.key.position_bias for b in model.layers]
     assert all(any(p is b for p in no_decay["params"]) for b in biases)
     assert not any(p is b for b in biases for p in decay["params"])
+
+
+def test_variant_gate_facts_match_the_modules():
+    """`learned_gates` / `cyclable` (asked of the config's variant, for code that loads no model) agree with
+    the compressor modules."""
+    from phasekv.analysis.cycling import gate_params
+    from phasekv.attention.compressor import cyclable, learned_gates
+
+    for name in ("W8/S8 · 1 KV", "W8/S8 · 1 KV · uniform averaging", "W8/S4 · 1 KV", "Full attention · 1 KV",
+                 "W8/S8 · 1 KV · V4 compressor", "W8/S8 · 1 KV · V4 compressor · no slot bias",
+                 "W8/S4 · 1 KV · V4 compressor"):
+        cfg = ModelConfig.from_name(name, preset="tiny", vocab_size=64)
+        model = PhaseLM(cfg)
+        comp = model.layers[0].attn.compressor
+        assert learned_gates(cfg) == (comp is not None and comp.gated)
+        rows = [p.shape[0] for p in gate_params(model)]  # offsets (paper) or slots (V4) along dim 0
+        assert cyclable(cfg) == (bool(rows) and all(r == cfg.stride for r in rows))  # one row per phase

@@ -174,4 +174,4 @@ def test_cli_server_options(run, server, tmp_path):
     r = CliRunner().invoke(app, ["audit", "--server", server.url, "--served-model", "tiny", "--per-group", "16",
                                  "--modulus", "4", "--out", str(tmp_path / "audit")])
     audit = json.loads((tmp_path / "audit" / "audit.json").read_text())
-    assert r.exit_code in (0, 3) and audit["task"] == "lookup" and audit["n_prompts"] == 64  # an export: lookup
+    assert r.exit_code in (0, 3, 4) and audit["task"] == "lookup" and audit["n_prompts"] == 64  # an export: lookup

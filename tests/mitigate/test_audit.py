@@ -48,11 +48,20 @@ def test_cli_exit_codes(tmp_path, tok):
     mitigate_cli.register(app)
     args = ["audit", "--model", str(tmp_path / "m"), "--records", "12", "--demos", "2", "--filler", "8",
             "--modulus", "4", "--per-group", "16", "--device", "cpu"]
-    r = CliRunner().invoke(app, args + ["--out", str(tmp_path / "a"), "--max-gap", "100.5"])
-    assert r.exit_code == 0, r.output
-    assert "periodic" in r.output or "period" in r.output
-    r = CliRunner().invoke(app, args + ["--out", str(tmp_path / "b"), "--max-gap", "0"])
-    assert r.exit_code == 3, r.output  # a gap is never below 0
+    # an untrained model answers at chance: inconclusive (exit 4) whatever the threshold, never a pass
+    for name, max_gap in (("a", "100.5"), ("b", "0")):
+        r = CliRunner().invoke(app, args + ["--out", str(tmp_path / name), "--max-gap", max_gap])
+        assert r.exit_code == 4, r.output
+        assert "period" in r.output and "near chance" in r.output and "INCONCLUSIVE" in r.output
     v = json.loads((tmp_path / "b" / "audit.json").read_text())
     assert v["model"] == "W4/S4 · 1 KV" and v["task"] == "lookup" and v["stride"] == 4
-    assert v["near_chance"] and "near chance" in r.output  # an untrained model: the gap says little
+    assert v["near_chance"] and not v["retrieves"] and v["verdict"] == "inconclusive" and not v["pass"]
+
+
+@pytest.mark.parametrize("max_gap,word", [(50.0, "fail"), (100.5, "pass")])
+def test_verdict_word_in_audit_json(tmp_path, tok, max_gap, word):
+    em = EvalModel(Planted(tok.vocab_size, [1, 1, 1, 0]), tok, "planted", "phasekv", 4, {"path": "planted"})
+    run_audit(em, tmp_path, max_gap=max_gap, task="lookup", progress=False, **SMALL)
+    v = json.loads((tmp_path / "audit.json").read_text())
+    assert v["verdict"] == word and v["retrieves"] and v["ratios"][0]["ratio"] == 4
+    assert v["ratios"][0]["phase_profile"] == [100, 100, 100, 0]
