@@ -46,6 +46,9 @@ COMMON = {
     "tokenizer": typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
     "trust_remote_code": typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
     "fresh": typer.Option(False, "--fresh", help="Ignore partial results of an interrupted run."),
+    "words": typer.Option(None, help="Prompt words: lists (the shipped animal, name and filler lists), vocab (the "
+                          "tokenizer's own single-token words) or auto (the lists when enough of their words are "
+                          "single tokens, else the vocabulary). Default: as a recall run's data, else auto."),
 }
 ENGINE = {  # a model served by an inference engine instead of --model (phasekv.eval.engine)
     "server": typer.Option(None, "--server", help="Evaluate the model an inference engine serves at this address "
@@ -77,7 +80,7 @@ def lookup(
     n_keys: int = typer.Option(None, "--n-keys", help="Use only the first N animal keys (0 = all; default: what a "
                                "phasekv recall run was trained on, else all)."),
     n_values: int = typer.Option(None, "--n-values", help="Use only the first N names (0 = all; default as --n-keys)."),
-    seed: int = COMMON["seed"], stride: int = COMMON["stride"], device: str = COMMON["device"],
+    words: str = COMMON["words"], seed: int = COMMON["seed"], stride: int = COMMON["stride"], device: str = COMMON["device"],
     tokenizer: Path = COMMON["tokenizer"], trust_remote_code: bool = COMMON["trust_remote_code"],
     fresh: bool = COMMON["fresh"], server: str = ENGINE["server"], served_model: str = ENGINE["served_model"],
     concurrency: int = ENGINE["concurrency"],
@@ -95,7 +98,7 @@ def lookup(
     em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer)
     cfg = lookup_config(em.info, records=records, demos=demos, padding=padding, filler=filler,
                         modulus=modulus, per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed,
-                        marker=marker, n_keys=n_keys, n_values=n_values)
+                        marker=marker, n_keys=n_keys, n_values=n_values, words=words)
     _check_stride(stride, modulus)
     if ensemble != 1:
         em = phase_ensemble(em, ensemble, stride)
@@ -116,6 +119,7 @@ def needle(
     demos: int = typer.Option(2, help="Demonstration records before the query."),
     separator: str = typer.Option("auto", help="Token ending each record ('auto': first single token of ; , . | and)."),
     mappings: int = typer.Option(16, help="Key-value mappings (bootstrap unit)."),
+    words: str = COMMON["words"],
     interval: str = typer.Option("wilson", help="Per-group intervals: wilson or bootstrap (over mappings)."),
     batch_size: int = typer.Option(1, "--batch-size", help="Prompts per forward pass."),
     seed: int = COMMON["seed"], stride: int = COMMON["stride"], device: str = COMMON["device"],
@@ -127,7 +131,7 @@ def needle(
     from phasekv.eval.prompts import needle_config
 
     cfg = needle_config(context=context, records=records, padding=padding, per_group=per_group, keep_n=keep_n,
-                        modulus=modulus, demos=demos, mappings=mappings, seed=seed, separator=separator)
+                        modulus=modulus, demos=demos, mappings=mappings, seed=seed, separator=separator, words=words)
     if records is None:
         console.print(f"needle: {cfg.records} records in {context} tokens (the study's density, 16,000 per 131,072; "
                       "--records to choose)")

@@ -287,9 +287,10 @@ def needle_records(context: int) -> int:
 def needle_config(context: int = 131072, records: int | None = None, **kw) -> PromptConfig:
     """The needle test: four-token records (two-animal key, name, separator), M = 8, N = 256; `context`
     tokens (special tokens not counted), the part not taken by records is filler spread between them;
-    the target sits near the middle. Records: the study's density unless given (`needle_records`)."""
+    the target sits near the middle. Records: the study's density unless given (`needle_records`). Options in
+    kw that are None are not given."""
     kw = {"modulus": 8, "per_group": 256, "padding": "in-sequence", "demos": 2, "separator": "auto",
-          "balance": 0.02, **kw}
+          "balance": 0.02, **{k: v for k, v in kw.items() if v is not None}}
     records = needle_records(context) if records is None else records
     record_len = 2 + 1 + (kw["separator"] is not None)
     filler = context - (records + kw["demos"]) * record_len - 2
