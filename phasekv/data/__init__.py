@@ -4,7 +4,9 @@
   `phasekv/data/words/`, each ONE token; `recall_tokenizer(RecallConfig)`: the one a recall run saves, holding
   only the words its layout uses (no never-seen output classes).
 - `RecallStream` / `RecallConfig`: the default training data; `recall_accuracy()`: held-out accuracy by phase.
-- `TextStream` / `build_shards()`: text corpora tokenized once into memory-mapped shards.
+- `TextStream` / `build_shards()`: text corpora tokenized once into memory-mapped shards (`python-docs`: Python's
+  own documentation, a corpus on every machine); recall mixed into text takes the tokenizer's own single-token
+  words where it splits the shipped lists (`phasekv.data.words.choose_words`, shared with the evaluation).
 - `build_stream(DataConfig, ...)`: what `phasekv train --data ...` uses.
 
 Layer: above `phasekv.model`, below `phasekv.train` (and everything that evaluates). Data imports only the
