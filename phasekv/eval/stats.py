@@ -7,6 +7,7 @@ resampling mappings keeps the residue groups paired (SPEC section 4).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,7 +79,7 @@ def bootstrap_profiles(hits: np.ndarray, trials: np.ndarray, n_boot: int = 2000,
 
 
 def basic_interval(estimate: float, boot: np.ndarray, level: float = 0.95) -> np.ndarray:
-    """Basic (reverse-percentile) bootstrap interval 2*est - q, clipped to [0, 1]. worst/best/gap are
+    """Basic (reverse-percentile) bootstrap interval 2*est - q, clipped to [0, 1]. worst/best are
     minima/maxima over noisy groups, biased away from the truth; the percentile interval inherits that
     bias twice (it can miss its own point estimate), the basic interval corrects it to first order."""
     a = (1 - level) / 2 * 100
@@ -112,14 +113,39 @@ def _halves(hits: np.ndarray, trials: np.ndarray, n_splits: int, n_boot: int, rn
 
 
 def _crossfit(pa: np.ndarray, pb: np.ndarray, picks_a=None, picks_b=None) -> np.ndarray:
-    """best - worst with groups picked on one half and measured on the other, both ways, mean over splits:
-    pa, pb (..., S, M) -> (...). picks_a/picks_b: (best, worst) indices (S,) to use instead of picking."""
+    """best - worst with groups picked on one half and measured on the other, both ways, per split:
+    pa, pb (..., S, M) -> (..., S). picks_a/picks_b: (best, worst) indices (S,) to use instead of picking."""
     def diff(sel, val, picks):
         best, worst = picks if picks is not None else (sel.argmax(-1), sel.argmin(-1))
         idx = np.broadcast_to(np.stack(np.broadcast_arrays(best, worst), -1), val.shape[:-1] + (2,))  # (..., S, 2)
         got = np.take_along_axis(val, idx, -1)
         return got[..., 0] - got[..., 1]  # (..., S)
-    return 0.5 * (diff(pa, pb, picks_a) + diff(pb, pa, picks_b)).mean(-1)
+    return 0.5 * (diff(pa, pb, picks_a) + diff(pb, pa, picks_b))
+
+
+@functools.lru_cache(maxsize=4)
+def _unified_belt(level: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Feldman-Cousins confidence belt for x ~ N(mu, 1), mu >= 0: for each mu on a grid, the acceptance
+    interval [x1, x2] holding `level` of the mass, filled in order of the likelihood ratio
+    N(x; mu, 1) / N(x; max(x, 0), 1). Built once per level (~0.1 s)."""
+    mu = np.linspace(0.0, 6.0, 301)  # (U,)
+    x = np.linspace(-8.0, 10.0, 901)  # (X,)
+    logr = -0.5 * (x[None] - mu[:, None]) ** 2 + 0.5 * np.minimum(x, 0.0)[None] ** 2  # (U, X)
+    order = np.argsort(-logr, axis=1, kind="stable")
+    mass = np.take_along_axis(sps.norm.pdf(x[None] - mu[:, None]) * (x[1] - x[0]), order, 1)  # (U, X) sorted
+    inside = np.zeros(logr.shape, dtype=bool)
+    np.put_along_axis(inside, order, np.cumsum(mass, 1) - mass < level, 1)
+    return mu, np.where(inside, x, np.inf).min(1), np.where(inside, x, -np.inf).max(1)
+
+
+def unified_interval(x: float, level: float = 0.95) -> tuple[float, float]:
+    """Feldman-Cousins ("unified") interval for mu >= 0 from one x ~ N(mu, 1): [0, upper] near or below 0,
+    the central x -+ z once x is well above 0, coverage `level` for every mu including mu = 0."""
+    z = float(sps.norm.isf((1 - level) / 2))
+    if x >= 4.0:  # the belt is central there
+        return x - z, x + z
+    mu, x1, x2 = _unified_belt(level)
+    return float(mu[np.argmax(x2 >= x)]), float(mu[x1 <= x].max())
 
 
 def gap_estimate(hits: np.ndarray, trials: np.ndarray, n_boot: int = 2000, seed: int = 0, level: float = 0.95,
@@ -135,29 +161,38 @@ def gap_estimate(hits: np.ndarray, trials: np.ndarray, n_boot: int = 2000, seed:
     difference is unbiased for the true accuracies of the picked groups, so the estimate is unbiased when the
     extremes are ties (a flat profile, a gap of 0; a weak phase repeated at r, r+S, ...) or well separated; it
     is biased downward only by picking a group that is not truly extreme, i.e. when a second group lies
-    within about two half-sample standard errors of the best or worst (simulated: under 1 point for a single
-    weak phase at gaps 0-85, about -1.2 points for a graded 5-point profile; tests/eval/test_gap_estimator.py).
+    within about two half-sample standard errors of the best or worst. Simulated at the study's design
+    (tests/eval/test_gap_estimator.py): bias under 0.3 points for one weak phase at gaps 0, 5, 20, 85 at the
+    study's accuracies (raw max - min: +2.6 to +4 points); about -1.1 points and ~86% coverage where the
+    extremes are hard to tell apart (a 5-point dip at 60% accuracy, a graded 5-point profile). With fewer
+    than MIN_MAPPINGS mappings the halves are halves of each group's prompts instead.
 
-    Interval. The split estimate is an average of differences of means, close to normal, so the interval is
-    estimate +- z * SE, which contains its estimate by construction. The SE comes from the bootstrap of
-    mappings (same halvings; a resampled mapping stays in its half), as the mean of two variances that
-    bracket the truth: re-picking the groups in every resample overstates how much the picks vary (the
-    resamples' profile is the observed one, spread apart by noise, with fewer near-ties than the truth; ~20%
-    too large an SE, ~99% coverage), keeping the data's picks ignores it (~30% too small, ~85%); their mean
-    was within ~5% of the simulated SD for one weak phase at gaps 0-85. A gap is non-negative: the estimate is
-    clipped to [0, 1] and the interval is centred on it and clipped too. At a true gap of 0 that makes the interval one-sided, [0, upper], missing
-    only when the lower end is above 0: its level there is 97.5%, not 95% (a statistician's boundary case;
-    a 95% two-sided level at the boundary would need a narrower lower arm near 0, Feldman-Cousins style).
-    The clipping adds at most 0.4 SE of upward bias at a true gap of 0 (the unclipped estimate is unbiased).
+    Interval. The split estimate is an average of differences of means, close to normal. Its variance is the
+    halvings' own (between-split variance / number of splits) plus the bootstrap variance over mappings (same
+    halvings; a resampled mapping stays in its half), taken as the mean of two variances that bracket the
+    truth: re-picking the groups in every resample overstates how much the picks vary (the resamples' profile
+    is the observed one, spread apart by noise, with fewer near-ties than the truth; ~20% too large an SE,
+    ~99% coverage), keeping the data's picks ignores it (~30% too small, ~85%); their mean is within ~5% of
+    the simulated SD for one weak phase at gaps 0-85. A gap cannot be negative, and a true gap of 0 is the
+    case the reports care most about, where a clipped symmetric interval would be one-sided at 97.5% and flip-
+    flop between one- and two-sided by the data. So the interval is the Feldman-Cousins unified interval for a
+    normal mean bounded at 0 (estimate / SE as the measurement): [0, upper] near 0, the usual estimate +- z SE
+    once the estimate is clear of 0, the nominal level at every true gap, 0 included. The reported estimate is
+    max(estimate, 0), inside the interval; at a true gap of 0 that adds at most 0.4 SE of upward bias (the
+    unclipped estimate is unbiased there).
     """
     rng = np.random.default_rng([seed, 1])  # own stream: bootstrap_profiles' draws stay as they were
     pa, pb, ba, bb = _halves(hits, trials, n_splits, n_boot, rng)
     picks = [(p.argmax(-1), p.argmin(-1)) for p in (pa, pb)]
-    est = float(_crossfit(pa, pb))
-    var = (_crossfit(ba, bb).var() + _crossfit(ba, bb, *picks).var()) / 2  # re-picking / the data's picks
-    half = sps.norm.isf((1 - level) / 2) * float(np.sqrt(var))
-    est = float(np.clip(est, 0.0, 1.0))  # centred on the clipped estimate: never a [0, 0] interval
-    return est, np.clip([est - half, est + half], 0.0, 1.0)
+    per_split = _crossfit(pa, pb)  # (S,)
+    est = float(per_split.mean())
+    var = (_crossfit(ba, bb).mean(-1).var() + _crossfit(ba, bb, *picks).mean(-1).var()) / 2  # re-picking / data's picks
+    var += per_split.var(ddof=1) / n_splits  # the random halvings' own noise
+    se = float(np.sqrt(var))
+    if se <= 0:  # every resample alike (e.g. all correct): no spread to report
+        return max(est, 0.0), np.full(2, max(est, 0.0))
+    lo, hi = unified_interval(est / se, level)
+    return max(est, 0.0), np.clip([lo * se, hi * se], 0.0, 1.0)
 
 
 def fold_consistency(acc: np.ndarray, stride: int) -> float:
@@ -277,7 +312,7 @@ def summarize(
     else:
         lo, hi = np.percentile(boot, [2.5, 97.5], axis=0)
     point = {key: float(v) for key, v in profile_summary(acc).items()}
-    ci = {key: basic_interval(point[key], v) for key, v in profile_summary(boot).items()}
+    ci = {key: basic_interval(point[key], v) for key, v in profile_summary(boot).items() if key != "gap"}
     gap, gap_ci = gap_estimate(hits, trials, n_boot=n_boot, seed=seed)
     # per-residue variance for the period detector: bootstrap variance (captures mapping overdispersion),
     # floored by the binomial variance of a smoothed proportion so 0% / 100% groups stay finite
