@@ -88,28 +88,33 @@ def basic_interval(estimate: float, boot: np.ndarray, level: float = 0.95) -> np
 
 
 GAP_SPLITS = 32  # random halvings of the mappings averaged by `gap_estimate`
+PROMPT_FOLDS = 32  # with fewer than MIN_MAPPINGS mappings: random folds of each group's prompts stand in
+
+
+def _prompt_folds(hits: np.ndarray, trials: np.ndarray, folds: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Pool the mappings and deal each residue group's prompts at random into `folds` folds: (folds, M)
+    hits and trials whose folds stand in for mappings (prompts resampled within groups, as the study does
+    with too few mappings)."""
+    k, n = np.rint(hits.sum(0)).astype(np.int64), trials.sum(0).astype(np.int64)  # (M,)
+    out = np.zeros((2, folds, k.size))
+    for r in range(k.size):
+        fold = np.arange(n[r]) % folds
+        out[0, :, r] = np.bincount(fold, weights=rng.permutation(n[r]) < k[r], minlength=folds)
+        out[1, :, r] = np.bincount(fold, minlength=folds)
+    return out[0], out[1]
 
 
 def _halves(hits: np.ndarray, trials: np.ndarray, n_splits: int, n_boot: int, rng) -> tuple[np.ndarray, ...]:
-    """Accuracy profiles of two disjoint halves of the data, for n_splits random halvings: point (S, M) x 2
-    and bootstrap resamples (B, S, M) x 2. Halves are halves of the mappings (resampled as the study's unit,
-    a mapping never in both halves), or with fewer than MIN_MAPPINGS mappings halves of each residue group's
-    prompts (hypergeometric split, binomial resampling)."""
-    K, M = hits.shape
-    if K >= MIN_MAPPINGS:
-        masks = (np.argsort(rng.random((n_splits, K)), axis=1) < K // 2).astype(float)  # (S, K) in half A
-        w = np.concatenate([np.ones((1, K)), rng.multinomial(K, np.full(K, 1.0 / K), size=n_boot)])  # (1+B, K)
-        out = []
-        for half in (masks, 1.0 - masks):
-            wh = w[:, None, :] * half[None]  # (1+B, S, K)
-            out.append((wh @ hits) / np.maximum(wh @ trials, 1e-12))  # (1+B, S, M)
-        return out[0][0], out[1][0], out[0][1:], out[1][1:]
-    n, k = trials.sum(0).astype(np.int64), np.rint(hits.sum(0)).astype(np.int64)  # (M,)
-    na = n // 2
-    ka = rng.hypergeometric(k, n - k, np.maximum(na, 1), size=(n_splits, M)) * (na > 0)  # (S, M)
-    pa, pb = ka / np.maximum(na, 1), (k - ka) / (n - na)
-    boot = [rng.binomial(size, q, size=(n_boot, n_splits, M)) / np.maximum(size, 1) for size, q in ((na, pa), (n - na, pb))]
-    return pa, pb, boot[0], boot[1]
+    """Accuracy profiles of two disjoint halves of the mappings, for n_splits random halvings: point (S, M)
+    x 2 and bootstrap resamples of the mappings (B, S, M) x 2 (a resampled mapping stays in its half)."""
+    K = hits.shape[0]
+    masks = (np.argsort(rng.random((n_splits, K)), axis=1) < K // 2).astype(float)  # (S, K) in half A
+    w = np.concatenate([np.ones((1, K)), rng.multinomial(K, np.full(K, 1.0 / K), size=n_boot)])  # (1+B, K)
+    out = []
+    for half in (masks, 1.0 - masks):
+        wh = w[:, None, :] * half[None]  # (1+B, S, K)
+        out.append((wh @ hits) / np.maximum(wh @ trials, 1e-12))  # (1+B, S, M)
+    return out[0][0], out[1][0], out[0][1:], out[1][1:]
 
 
 def _crossfit(pa: np.ndarray, pb: np.ndarray, picks_a=None, picks_b=None) -> np.ndarray:
@@ -165,7 +170,7 @@ def gap_estimate(hits: np.ndarray, trials: np.ndarray, n_boot: int = 2000, seed:
     (tests/eval/test_gap_estimator.py): bias under 0.3 points for one weak phase at gaps 0, 5, 20, 85 at the
     study's accuracies (raw max - min: +2.6 to +4 points); about -1.1 points and ~86% coverage where the
     extremes are hard to tell apart (a 5-point dip at 60% accuracy, a graded 5-point profile). With fewer
-    than MIN_MAPPINGS mappings the halves are halves of each group's prompts instead.
+    than MIN_MAPPINGS mappings, PROMPT_FOLDS random folds of each group's prompts take the mappings' place.
 
     Interval. The split estimate is an average of differences of means, close to normal. Its variance is the
     halvings' own (between-split variance / number of splits) plus the bootstrap variance over mappings (same
@@ -182,6 +187,8 @@ def gap_estimate(hits: np.ndarray, trials: np.ndarray, n_boot: int = 2000, seed:
     unclipped estimate is unbiased there).
     """
     rng = np.random.default_rng([seed, 1])  # own stream: bootstrap_profiles' draws stay as they were
+    if hits.shape[0] < MIN_MAPPINGS:
+        hits, trials = _prompt_folds(hits, trials, PROMPT_FOLDS, rng)
     pa, pb, ba, bb = _halves(hits, trials, n_splits, n_boot, rng)
     picks = [(p.argmax(-1), p.argmin(-1)) for p in (pa, pb)]
     per_split = _crossfit(pa, pb)  # (S,)

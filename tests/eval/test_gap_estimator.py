@@ -7,9 +7,10 @@ interval is Feldman-Cousins', one-sided near 0 at the nominal level; see `gap_es
 
 import numpy as np
 import pytest
+from scipy import stats as sps
 from scipy.optimize import brentq
 
-from phasekv.eval.stats import gap_estimate
+from phasekv.eval.stats import gap_estimate, unified_interval
 
 M, K, PER, STRIDE = 24, 32, 18, 8
 REPLICATES, N_BOOT = 1000, 200
@@ -45,3 +46,15 @@ def test_gap_estimate_unbiased_and_covers(gap):
     coverage = np.mean((ci[:, 0] <= gap) & (gap <= ci[:, 1]))
     assert 0.93 <= coverage <= 0.97, coverage
     assert raw.mean() - gap > est.mean() - gap  # the raw max - min is the more biased one
+
+
+def test_unified_interval_covers_at_every_mean_and_holds_the_estimate():
+    """Feldman-Cousins for x ~ N(mu, 1), mu >= 0: exact coverage at mu = 0 (the boundary) and above, always
+    containing max(x, 0), [0, upper] below 0 and the central x -+ 1.96 far from it."""
+    x = np.linspace(-6, 10, 3201)
+    ci = np.array([unified_interval(v) for v in x])  # (X, 2)
+    assert np.all((ci[:, 0] <= np.maximum(x, 0)) & (np.maximum(x, 0) <= ci[:, 1]))
+    for mu in (0.0, 0.3, 1.0, 2.0, 3.5, 5.0):
+        inside = (ci[:, 0] <= mu + 1e-9) & (mu - 1e-9 <= ci[:, 1])
+        assert sps.norm.pdf(x - mu) @ inside * (x[1] - x[0]) == pytest.approx(0.95, abs=0.006), mu
+    assert unified_interval(-2.0)[0] == 0 and unified_interval(6.0) == pytest.approx((6 - 1.96, 6 + 1.96), abs=0.01)
