@@ -77,7 +77,7 @@ def knockout_cmd(
         raise ConfigError(f"--layers {layers!r}: use comma-separated layer indices like 0,5,9") from None
     s = analyze_knockout(em, cfg, out, variant, n_cal, final_tokens, batch_size, progress, only)
     console.print(f"[bold]{s['model']}[/]: clean mean {s['clean']['mean']:.1f}%, worst {s['clean']['worst']:.1f}%, "
-                  f"gap {s['clean']['gap']:.1f} pts; {s['variant']} knockouts -> {out}")
+                  f"gap {s['clean']['gap']:.1f} [{s['clean']['gap_ci'][0]:.1f}, {s['clean']['gap_ci'][1]:.1f}] pts; {s['variant']} knockouts -> {out}")
     for h in s["strongest"][:5]:
         console.print(f"  {h['unit']}: worst group {h['worst_group']} {100 * h['worst_rel_change']:+.0f}% "
                       f"(mean {100 * h['mean_rel_change']:+.0f}%)")

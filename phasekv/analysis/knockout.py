@@ -35,7 +35,7 @@ from phasekv.analysis.hooks import (
 from phasekv.errors import ConfigError
 from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
 from phasekv.eval.run import evaluate
-from phasekv.eval.stats import profile_summary
+from phasekv.eval.stats import gap_estimate, group_table, profile_summary
 from phasekv.eval.tokens import WordTokenizer
 
 CAL_SEED = 1_000_003  # calibration prompts use prompt seed + CAL_SEED: other mappings, same layout
@@ -133,6 +133,17 @@ def unit_name(layer: int, kv_head: int, variant: str = "layer") -> str:
     return f"L{layer}" if kv_head < 0 else f"L{layer}·KV{kv_head}"
 
 
+def clean_summary(rows: pd.DataFrame, clean: np.ndarray, modulus: int) -> dict:
+    """mean / worst / best (points) of the clean residue profile `clean`, its gap cross-fitted over the
+    key-name mappings with its interval (`gap_estimate`, as every evaluation reports it) and the raw max - min."""
+    c = rows[rows["unit"] == "clean"]
+    hits, trials = group_table(c["target_pos"] % modulus, c["mapping"], c["correct"].astype(float), modulus)
+    seen = trials.sum(0) > 0  # residues with clean prompts
+    gap, ci = gap_estimate(hits[:, seen], trials[:, seen])
+    out = {k: 100 * float(v) for k, v in profile_summary(clean).items()}
+    return {**out, "gap_raw": out["gap"], "gap": 100 * gap, "gap_ci": [100 * float(x) for x in ci]}
+
+
 def effect_table(rows: pd.DataFrame, modulus: int, stride: int | None) -> pd.DataFrame:
     """Tidy accuracy table per (unit, grouping, group): grouping 'residue' (t mod M) and, with a stride,
     'phase' (t mod S, pooled); acc, clean_acc, change (points) and rel_change = (acc - clean) / clean."""
@@ -199,7 +210,7 @@ def analyze_knockout(em, cfg: PromptConfig | None, out, variant: str | None = No
         "analysis": "knockout", "variant": variant, "model": em.name, "modulus": cfg.modulus, "stride": stride,
         "n_prompts": int((rows["unit"] == "clean").sum()), "n_cal": means_.n, "n_final": n_final,
         "replaced": REPLACED.get(variant) or {v: REPLACED[v.strip()] for v in variant.split(",")},
-        "clean": {k: 100 * float(v) for k, v in profile_summary(clean).items()},
+        "clean": clean_summary(rows, clean, cfg.modulus),
         "strongest": strongest(table, "phase" if stride else "residue"),
         "provenance": provenance(em, cfg, calibration_seed=calibration_config(cfg).seed),
     }

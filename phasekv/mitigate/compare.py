@@ -36,7 +36,7 @@ ROW_FIELDS = [  # the per-model record of summary.json["models"] and the columns
     "label", "model", "role", "mitigations", "eval_dir", "run_dir", "window", "stride", "n_kv_heads", "ensemble_k",
     "cache_bytes", "cache_rel", "compression", "train_cost_rel", "decode_cost_rel", "train_tokens_per_s",
     "eval_seconds", "mean", "mean_ci", "worst", "worst_ci", "worst_residue", "best", "gap", "gap_ci",
-    "fold_consistency", "detected_period", "periodicity_p", "pareto",
+    "gap_raw", "fold_consistency", "detected_period", "periodicity_p", "pareto",
 ]
 
 
@@ -98,7 +98,7 @@ def _row(d: Path, s: dict, cfgs: dict, ref: str | None, base: str | None) -> dic
         "train_tokens_per_s": tps, "eval_seconds": s.get("provenance", {}).get("seconds"),
         "mean": s["mean"], "mean_ci": s["mean_ci"], "worst": s["worst"], "worst_ci": s["worst_ci"],
         "worst_residue": min(s["groups"], key=lambda g: g["acc"])["residue"], "best": s["best"], "gap": s["gap"],
-        "gap_ci": s["gap_ci"], "fold_consistency": s.get("fold_consistency"),
+        "gap_ci": s["gap_ci"], "gap_raw": s.get("gap_raw"), "fold_consistency": s.get("fold_consistency"),
         "detected_period": s.get("detected_period"), "periodicity_p": s.get("periodicity", {}).get("p_value"),
     }
 

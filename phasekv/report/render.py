@@ -148,7 +148,8 @@ def _padding_block(b: Builder, name: str, padding: str, stages: dict, primary: b
     interval = first.get("interval", "bootstrap")
     body += (f"<p>Accuracy in percent over {fmt(int(df.n.iloc[0]))} prompts per model "
              f"({fmt(first['groups'][0]['n'])} per residue group, M = {first.get('modulus')}); gap = best − worst "
-             f"group; its interval is a bootstrap over key–name mappings; group bands: {esc(interval)}. "
+             f"group, cross-fitted (picked on half the key–name mappings, measured on the other half) so noise "
+             f"does not inflate it; its interval is a bootstrap over key–name mappings; group bands: {esc(interval)}. "
              "Published values are the paper's Qwen3-0.6B-shaped models (not run here) and only the "
              "pattern, not the level, is comparable with these tiny models.</p>")
     stem = padding if primary else f"{name}_{padding}"

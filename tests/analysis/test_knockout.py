@@ -6,12 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from phasekv import ModelConfig, PhaseLM
-from phasekv.analysis.cli import app
 from phasekv.analysis.knockout import effect_table, spread_pids, strongest
 from phasekv.errors import ConfigError
+from tests.analysis.helpers import invoke
 
 
 def _rows(unit, layer, kv, acc_by_pos):
@@ -56,34 +55,25 @@ def model_dir(tmp_path_factory):
     return d
 
 
-SMALL = ["--records", "12", "--demos", "2", "--modulus", "8", "--per-group", "6", "--keep-n", "--filler", "12",
-         "--mappings", "3", "--no-progress"]
 
-
-def _invoke(args):
-    res = CliRunner().invoke(app, args + SMALL)
-    if res.exception is not None and not isinstance(res.exception, SystemExit):
-        raise res.exception
-    assert res.exit_code == 0, res.output
-    return res
 
 
 def test_cli_end_to_end(model_dir, tmp_path):
     ko, gates, cyc = tmp_path / "ko", tmp_path / "gates", tmp_path / "cyc"
-    _invoke(["knockout", "--model", str(model_dir), "--out", str(ko), "--n-cal", "16"])
+    invoke(["knockout", "--model", str(model_dir), "--out", str(ko), "--n-cal", "16"])
     t = pd.read_parquet(ko / "results.parquet")
     assert set(t["unit"]) == {"clean", "L0·KV0", "L0·KV1", "L1·KV0", "L1·KV1"}
     s = json.loads((ko / "summary.json").read_text())
     assert s["n_prompts"] == 48 and s["n_cal"] == 16 and "versions" in s["provenance"]
     assert (ko / "knockout_map.png").stat().st_size > 0
 
-    _invoke(["gates", "--model", str(model_dir), "--out", str(gates), "--n-prompts", "8", "--knockout", str(ko)])
+    invoke(["gates", "--model", str(model_dir), "--out", str(gates), "--n-prompts", "8", "--knockout", str(ko)])
     g = pd.read_parquet(gates / "results.parquet")
     assert len(g) == 2 * 2 * 2 * 8  # layers x KV heads x branches x phases
     assert ((g["static"] >= 1 - 1e-6) & (g["static"] <= 8 + 1e-6)).all()
     assert (gates / "gate_panel.png").is_file() and (gates / "concentration_plane.png").is_file()
 
-    _invoke(["cycle", "--model", str(model_dir), "--out", str(cyc), "--delta", "-1,2", "--n-boot", "50"])
+    invoke(["cycle", "--model", str(model_dir), "--out", str(cyc), "--delta", "-1,2", "--n-boot", "50"])
     c = pd.read_parquet(cyc / "results.parquet")
     assert sorted(c["delta"].unique()) == [-1, 0, 2] and len(c) == 3 * 8
     s = json.loads((cyc / "summary.json").read_text())
@@ -120,7 +110,7 @@ def test_python_api_takes_a_directory(model_dir, tmp_path):
 
 
 def test_cli_whole_layer_variant_on_chosen_layers(model_dir, tmp_path):
-    _invoke(["knockout", "--model", str(model_dir), "--out", str(tmp_path), "--n-cal", "8", "--variant", "layer",
+    invoke(["knockout", "--model", str(model_dir), "--out", str(tmp_path), "--n-cal", "8", "--variant", "layer",
              "--layers", "1"])
     t = pd.read_parquet(tmp_path / "results.parquet")
     assert set(t["unit"]) == {"clean", "L1"} and (t.loc[t["unit"] == "L1", "kv_head"] == -1).all()

@@ -51,7 +51,9 @@ def test_planted_phase_pattern_is_recovered():
     assert out.detected_period == S
     assert out.periodicity["period"] == S and out.periodicity["p_value"] < 0.01
     true_gap = 100 * (PLANTED.max() - PLANTED.min())
-    assert out.gap_ci[0] <= true_gap <= out.gap_ci[1]
+    # a 95% interval: seed 1 is a low draw (raw max - min 84.9 < 85) that it misses; most draws it covers
+    cis = [summarize(*fake_rows(PLANTED, seed=i), modulus=M, stride=S, n_perm=10).gap_ci for i in range(6)]
+    assert sum(lo <= true_gap <= hi for lo, hi in cis) >= 5
     assert out.fold_consistency < 5  # residues r and r+8 share a phase
     assert out.worst < 20 and {g["residue"] % S for g in out.groups if g["acc"] == out.worst} == {7}
     assert all(g["lo"] <= g["acc"] <= g["hi"] for g in out.groups)

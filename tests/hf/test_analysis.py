@@ -7,9 +7,7 @@ import shutil
 import pandas as pd
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from phasekv.analysis.cli import app
 from phasekv.analysis.cycling import cycle_stride, cycled, gate_params
 from phasekv.analysis.hooks import compressed_knockout, final_rows
 from phasekv.errors import ConfigError
@@ -17,11 +15,9 @@ from phasekv.eval.models import load
 from phasekv.model.gates import gate_grids
 from phasekv.train import train
 from phasekv.train.checkpoint import latest_checkpoint
+from tests.analysis.helpers import invoke
 from tests.hf.tiny import v4_config, write_config
 from tests.train.helpers import FAST
-
-SMALL = ["--records", "12", "--demos", "2", "--modulus", "8", "--per-group", "6", "--keep-n", "--filler", "12",
-         "--mappings", "3", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -41,19 +37,12 @@ def v4_run(tmp_path_factory):
     return d
 
 
-def _invoke(args):
-    res = CliRunner().invoke(app, args + SMALL)
-    if res.exception is not None and not isinstance(res.exception, SystemExit):
-        raise res.exception
-    assert res.exit_code == 0, res.output
-    return res
-
 
 def test_gates_cover_csa_hca_and_the_indexer(v4_run, tmp_path):
     em = load(v4_run / "run")
     assert {k: (g.window, g.stride) for k, g in gate_grids(em.model).items()} == {
         (0, "key"): (8, 4), (0, "indexer"): (8, 4), (1, "key"): (8, 8)}
-    _invoke(["gates", "--model", str(v4_run / "run"), "--out", str(tmp_path), "--n-prompts", "8"])
+    invoke(["gates", "--model", str(v4_run / "run"), "--out", str(tmp_path), "--n-prompts", "8"])
     g = pd.read_parquet(tmp_path / "results.parquet")
     assert sorted({(r.layer, r.branch, r.stride) for r in g.itertuples()}) == [
         (0, "indexer", 4), (0, "key", 4), (1, "key", 8)]
@@ -74,7 +63,7 @@ def test_cycling_rolls_every_position_bias_and_restores_it(v4_run, tmp_path):
         with cycled(em.model, 1):
             assert all(torch.equal(p, torch.roll(b, 1, 0)) for p, b in zip(gate_params(em.model), before, strict=True))
         assert torch.equal(em.model(ids).logits, base)
-    _invoke(["cycle", "--model", str(v4_run / "model"), "--out", str(tmp_path), "--delta", "-1,2", "--n-boot", "50"])
+    invoke(["cycle", "--model", str(v4_run / "model"), "--out", str(tmp_path), "--delta", "-1,2", "--n-boot", "50"])
     c = pd.read_parquet(tmp_path / "results.parquet")
     assert sorted(c["delta"].unique()) == [-1, 0, 2] and len(c) == 3 * 8
     assert c.loc[c["boundary"], "phase"].unique().tolist() == [7]
@@ -94,7 +83,7 @@ def test_compressed_knockout_hides_the_entries_from_the_final_query_only(v4_run)
 
 
 def test_knockout_cli_defaults_to_compressed_and_layer(v4_run, tmp_path):
-    _invoke(["knockout", "--model", str(v4_run / "run"), "--out", str(tmp_path), "--n-cal", "8"])
+    invoke(["knockout", "--model", str(v4_run / "run"), "--out", str(tmp_path), "--n-cal", "8"])
     t = pd.read_parquet(tmp_path / "results.parquet")
     assert set(t["unit"]) == {"clean", "L0·compressed", "L0", "L1·compressed", "L1"}
     s = json.loads((tmp_path / "summary.json").read_text())

@@ -1,10 +1,6 @@
 """`phasekv train --hf-config` / `--hf-model`: transformers causal LMs with phasekv's data, loop and checkpoints."""
 
 import json
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
@@ -12,9 +8,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from phasekv.errors import CheckpointError, ConfigError
 from phasekv.train import load_run, train
-from phasekv.train.checkpoint import latest_checkpoint, list_checkpoints
+from phasekv.train.checkpoint import latest_checkpoint
 from tests.hf.tiny import qwen3_config, v4_config, write_config
-from tests.train.helpers import FAST, ROOT, cli_args, env, final_weights, phasekv
+from tests.train.helpers import FAST, final_weights, kill_at_first_checkpoint, phasekv
 
 OPTS = {**{k: v for k, v in FAST.items() if k != "preset"}, "batch_size": 2, "seq_len": 48}
 
@@ -50,14 +46,7 @@ def test_sigkill_then_resume_is_bitwise_identical(v4_json, tmp_path):
     ref = tmp_path / "ref"
     train(out=str(ref), **opts)
     run = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "phasekv.cli", "train", *cli_args({**opts, "out": run})]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
-    while not list_checkpoints(run) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
+    kill_at_first_checkpoint(opts, run)
     killed_at = json.loads((latest_checkpoint(run) / "trainer_state.json").read_text())["step"]
     assert killed_at < 8
     train(out=str(run), resume=True, **opts)

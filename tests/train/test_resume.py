@@ -1,10 +1,6 @@
 """Exact resume after SIGKILL, atomic checkpoints, non-finite loss."""
 
 import json
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
@@ -14,7 +10,7 @@ from phasekv.train import TrainingDiverged, load_run, loop, train
 from phasekv.train import checkpoint as ck
 from phasekv.train.checkpoint import latest_checkpoint, list_checkpoints
 
-from .helpers import FAST, ROOT, cli_args, env, final_weights
+from .helpers import FAST, final_weights, kill_at_first_checkpoint
 
 ARCH = "W8/S8 · 1 KV"
 
@@ -31,14 +27,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     train(out=str(ref), **opts)
 
     run = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "phasekv.cli", "train", *cli_args({**opts, "out": run})]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
-    while not list_checkpoints(run) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
+    kill_at_first_checkpoint(opts, run)
     assert not (run / "done.json").exists(), "the run finished before it was killed"
     killed_at = json.loads((latest_checkpoint(run) / "trainer_state.json").read_text())["step"]
     assert killed_at < 40
