@@ -87,9 +87,9 @@ class CompressorBranch(nn.Module, ABC):
     def gated(self) -> bool:
         return self.offset_params()[1] is not None
 
-    def logits(self, windows: torch.Tensor) -> torch.Tensor:
+    def logits(self, windows: torch.Tensor, params: OffsetParams | None = None) -> torch.Tensor:
         """Gate logits s (B, n, W, n_kv, G) of windows (B, n, W, d); zeros for uniform averaging."""
-        payload, gate, bias = self.offset_params()
+        payload, gate, bias = params or self.offset_params()
         if gate is None:
             B, n, W, _ = windows.shape
             return windows.new_zeros(B, n, W, payload.shape[1], 1)
@@ -102,13 +102,14 @@ class CompressorBranch(nn.Module, ABC):
 
     def partial(self, windows: torch.Tensor, present: torch.Tensor | None = None) -> Partial:
         """Partials of windows (B, n, W, d); `present` (n, W) marks the offsets whose tokens are given."""
-        s = self.logits(windows)  # (B, n, W, n_kv, G)
+        params = self.offset_params()  # once: a variant may build them from shared weights
+        s = self.logits(windows, params)  # (B, n, W, n_kv, G)
         if present is not None:
             s = s.masked_fill(~present[None, :, :, None, None], float("-inf"))
         m = s.amax(dim=2)  # (B, n, n_kv, G)
         m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
         e = (s - m_safe[:, :, None]).exp()  # (B, n, W, n_kv, G), 0 at absent offsets
-        payload = torch.einsum("bnwd,wkcd->bnwkc", windows, self.offset_params()[0])  # (B, n, W, n_kv, d_head)
+        payload = torch.einsum("bnwd,wkcd->bnwkc", windows, params[0])  # (B, n, W, n_kv, d_head)
         return Partial(m, e.sum(dim=2), (e * payload).sum(dim=2))
 
     def token_partial(self, h: torch.Tensor, offsets: torch.Tensor) -> Partial:
