@@ -60,6 +60,11 @@ def pool_phases(alpha: torch.Tensor, phases: np.ndarray, stride: int) -> torch.T
     return torch.einsum("...wkg,ws->...skg", alpha, onehot)
 
 
+def head_delay(model, kv: int) -> int:
+    """Tokens by which KV head `kv`'s windows start before its layer's grid (staggered heads; 0 otherwise)."""
+    return model.config.head_delay(kv) if isinstance(model, PhaseLM) else 0
+
+
 def compressed_layers(model) -> list[int]:
     return sorted({layer for layer, _ in gate_grids(model)})
 
@@ -93,27 +98,29 @@ def gate_stats(model, alphas: dict[tuple[int, str], torch.Tensor]) -> tuple[pd.D
     the phase level; one row per (layer, kv_head, branch, phase) with the gate score relative to uniform."""
     grids, gate = gate_grids(model), gate_kind(model)
     heads, phases = [], []
-    for (layer, branch), alpha in sorted(alphas.items()):
-        W, S, o = grids[layer, branch].window, grids[layer, branch].stride, grids[layer, branch].offset
-        ph = offset_phases(W, S, o, shift=1 if branch == "value" else 0)
-        static, per_window = concentration(alpha)  # (n_kv,) in [1, W]
-        pooled = pool_phases(alpha, offset_phases(W, S, o), S)
-        static_ph, per_window_ph = concentration(pooled)  # (n_kv,) in [1, S]
-        share = np.bincount(ph, minlength=S) / W  # uniform mass of each phase
-        score = pool_phases(alpha, ph, S).mean(dim=(0, 3)).numpy() / share[:, None]  # (S, n_kv)
-        by_offset = alpha.mean(dim=(0, 3)).numpy() * W  # (W, n_kv), 1 = uniform
-        for kv in range(alpha.shape[2]):
+    for (layer, branch), alpha_all in sorted(alphas.items()):
+        for kv in range(alpha_all.shape[2]):  # each KV head on its own grid (staggered heads start early)
+            alpha = alpha_all[:, :, kv : kv + 1]  # (N, W, 1, G)
+            W, S = grids[layer, branch].window, grids[layer, branch].stride
+            o = grids[layer, branch].offset - head_delay(model, kv)
+            ph = offset_phases(W, S, o, shift=1 if branch == "value" else 0)
+            static, per_window = concentration(alpha)  # (1,) in [1, W]
+            pooled = pool_phases(alpha, offset_phases(W, S, o), S)
+            static_ph, per_window_ph = concentration(pooled)  # (1,) in [1, S]
+            share = np.bincount(ph, minlength=S) / W  # uniform mass of each phase
+            score = pool_phases(alpha, ph, S).mean(dim=(0, 3)).numpy() / share[:, None]  # (S, 1)
+            by_offset = alpha.mean(dim=(0, 3)).numpy() * W  # (W, 1), 1 = uniform
             heads.append({
                 "layer": layer, "kv_head": kv, "branch": branch, "gate": gate, "window": W, "stride": S,
                 "grid_offset": o, "n_windows": int(alpha.shape[0]), "channels": int(alpha.shape[3]),
-                "static": float(static[kv]), "per_window": float(per_window[kv]),
-                "static_phase": float(static_ph[kv]), "per_window_phase": float(per_window_ph[kv]),
-                "peak_offset": int(np.argmax(by_offset[:, kv])), "peak_phase": int(np.argmax(score[:, kv])),
-                "offset_scores": by_offset[:, kv].round(6).tolist(),
+                "static": float(static[0]), "per_window": float(per_window[0]),
+                "static_phase": float(static_ph[0]), "per_window_phase": float(per_window_ph[0]),
+                "peak_offset": int(np.argmax(by_offset[:, 0])), "peak_phase": int(np.argmax(score[:, 0])),
+                "offset_scores": by_offset[:, 0].round(6).tolist(),
             })
             for p in range(S):
                 phases.append({"layer": layer, "kv_head": kv, "branch": branch, "phase": p,
-                               "score_rel": float(score[p, kv]), "shifted": branch == "value"})
+                               "score_rel": float(score[p, 0]), "shifted": branch == "value"})
     return pd.DataFrame(heads), pd.DataFrame(phases)
 
 

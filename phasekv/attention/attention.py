@@ -13,7 +13,7 @@ from torch import nn
 
 from phasekv.attention import blockwise
 from phasekv.attention.cache import CompressedLayerCache, FullLayerCache
-from phasekv.attention.compressor import layer_grid, layer_rope, make_compressor
+from phasekv.attention.compressor import Partial, layer_grid, layer_rope, make_compressor
 from phasekv.attention.norm import RMSNorm
 from phasekv.config import ModelConfig
 
@@ -73,14 +73,15 @@ class Attention(nn.Module):
         return self.compressor.entry_kv(raw, j, self.k_norm)
 
     # ---- forward ----
-    def forward(self, h: torch.Tensor, pos: torch.Tensor, cache=None) -> torch.Tensor:
-        """h (B, T, d) normed hidden states at positions pos (T,) -> (B, T, d)."""
+    def forward(self, h: torch.Tensor, pos: torch.Tensor, cache=None, shift: torch.Tensor | None = None) -> torch.Tensor:
+        """h (B, T, d) normed hidden states at positions pos (T,) -> (B, T, d). `shift` (B,): grid jitter, each
+        sequence's windows start that many tokens early (training forward only)."""
         q = self._rope(self.q_norm(self._heads(self.q_proj(h), self.cfg.n_heads)), pos)  # (B, H, T, D)
         k, v = self._exact_kv(h, pos)  # (B, n_kv, T, D)
         if self.compressor is None:
             z = self._full(q, k, v, pos, cache)
         elif cache is None:
-            z = self._compressed(q, k, v, h, pos)
+            z = self._compressed(q, k, v, h, pos, shift)
         else:
             z = self._compressed_cached(q, k, v, h, pos, cache)
         z = self.z_hook(z.transpose(1, 2))  # (B, T, H, D)
@@ -98,8 +99,8 @@ class Attention(nn.Module):
         mask = None if q.shape[2] == 1 else keys_pos[None, :] <= pos[:, None]  # one query sees every key
         return blockwise.attend_parts(q, [(cache.k.view(k), cache.v.view(v), mask)])
 
-    def _compressed(self, q, k, v, h, pos) -> torch.Tensor:
-        ek, ev = self.compressor.entries(h, self.k_norm)  # (B, n_kv, n, D) each
+    def _compressed(self, q, k, v, h, pos, shift=None) -> torch.Tensor:
+        ek, ev = self.compressor.entries(h, self.k_norm, shift)  # (B, n_kv, n, D) each
         j = torch.arange(ek.shape[2], device=pos.device)
         if blockwise.backend() == "blockwise":
             return blockwise.blockwise_attention(q, pos, ek, ev, k, v, self.grid, sinks=self.sinks)
@@ -121,27 +122,17 @@ class Attention(nn.Module):
         return z
 
     def _extend_entries(self, h: torch.Tensor, pos: torch.Tensor, cache: CompressedLayerCache) -> None:
-        """Feed tokens h (B, T, d) at pos (contiguous) to the windows they belong to; store completed entries."""
-        g, W, S = self.grid, self.grid.window, self.grid.stride
+        """Feed tokens h (B, T, d) at pos (contiguous) to the windows they belong to; store completed entries.
+        A group of staggered heads reads the tokens `delay` positions late (the cache keeps the last ones)."""
+        g = self.grid
         t0, t1 = int(pos[0]), int(pos[-1]) + 1
         j_lo = cache.n_entries  # oldest window not yet complete
         j_hi = g.n_started(t1) - 1  # newest window that has started
+        streams = cache.delayed(h, self.compressor.head_groups())  # (x (B, T, d), delay, heads) per head group
         if j_hi < j_lo:
             return
-        if h.shape[1] == 1:  # one decode token: only the offsets it fills in the windows it belongs to
-            offsets = t0 - g.entry_start(torch.arange(j_lo, j_hi + 1, device=h.device))  # (n_w,)
-            fresh = [branch.token_partial(h[:, 0], offsets) for branch in self.compressor.branches()]
-        else:
-            p0 = g.entry_start(j_lo)  # first position covered by the touched windows (may be < 0: absent)
-            span = (j_hi - j_lo) * S + W
-            ext = h.new_zeros(h.shape[0], span, h.shape[2])  # (B, span, d)
-            a, b = max(t0, p0), min(t1, p0 + span)
-            ext[:, a - p0 : b - p0] = h[:, a - t0 : b - t0]
-            present = torch.zeros(span, dtype=torch.bool, device=h.device)
-            present[a - p0 : b - p0] = True
-            windows = ext.unfold(1, W, S).transpose(2, 3)  # (B, n_w, W, d)
-            present = present.unfold(0, W, S)  # (n_w, W)
-            fresh = [branch.partial(windows, present) for branch in self.compressor.branches()]
+        per_group = [self._fresh(x, delay, heads, t0, t1, j_lo, j_hi) for x, delay, heads in streams]
+        fresh = [Partial.cat_heads(list(p)) for p in zip(*per_group, strict=True)]  # per branch
         n_done = g.n_complete(t1) - j_lo  # touched windows that are now complete
         partials = []
         for i, p in enumerate(fresh):
@@ -158,6 +149,26 @@ class Attention(nn.Module):
             if cache.entries_v is not None:
                 cache.entries_v.append(ev)
         cache.partials = [p.slice(n_done) for p in partials]
+
+    def _fresh(self, x: torch.Tensor, delay: int, heads: slice | None, t0: int, t1: int, j_lo: int,
+               j_hi: int) -> list[Partial]:
+        """Per branch, the partials of windows j_lo..j_hi from tokens x (B, T, d) at positions t0..t1-1, for the
+        KV heads `heads` (all when None); positions before `delay` hold no token (a staggered head's start)."""
+        g, W, S = self.grid, self.grid.window, self.grid.stride
+        branches = self.compressor.branches()
+        if x.shape[1] == 1 and t0 >= delay:  # one decode token: only the offsets it fills in its windows
+            offsets = t0 - g.entry_start(torch.arange(j_lo, j_hi + 1, device=x.device))  # (n_w,)
+            return [branch.token_partial(x[:, 0], offsets, heads) for branch in branches]
+        p0 = g.entry_start(j_lo)  # first position covered by the touched windows (may be < 0: absent)
+        span = (j_hi - j_lo) * S + W
+        ext = x.new_zeros(x.shape[0], span, x.shape[2])  # (B, span, d)
+        a, b = max(t0, p0, delay), min(t1, p0 + span)
+        ext[:, a - p0 : b - p0] = x[:, a - t0 : b - t0]
+        present = torch.zeros(span, dtype=torch.bool, device=x.device)
+        present[a - p0 : b - p0] = True
+        windows = ext.unfold(1, W, S).transpose(2, 3)  # (B, n_w, W, d)
+        present = present.unfold(0, W, S)  # (n_w, W)
+        return [branch.partial(windows, present, heads) for branch in branches]
 
     def new_cache(self) -> FullLayerCache | CompressedLayerCache:
         if self.compressor is None:

@@ -5,6 +5,7 @@ keeps every key/value. `nbytes` counts the data each holds."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from phasekv.attention.compressor import Partial
 from phasekv.attention.positions import Grid
@@ -67,10 +68,26 @@ class CompressedLayerCache:
         self.partials: list[Partial] | None = None  # one per branch; windows n_entries, n_entries+1, ...
         self.ring_k = self.ring_v = None  # (B, n_kv, keep, d_head)
         self.ring_pos: torch.Tensor | None = None  # (keep,) positions held by each slot
+        self.history: torch.Tensor | None = None  # (B, max delay, d) last hidden states (staggered heads only)
 
     @property
     def n_entries(self) -> int:
         return self.entries_k.n
+
+    def delayed(self, h: torch.Tensor, groups: list[tuple[int, slice | None]]) -> list[tuple[torch.Tensor, int,
+                                                                                             slice | None]]:
+        """(x, delay, heads) per head group: the chunk h (B, T, d) as the group reads it, position t holding
+        h[t - delay] (zeros before the sequence's start); keeps the last hidden states the next chunk needs."""
+        keep = max(d for d, _ in groups)
+        if keep == 0:
+            return [(h, 0, heads) for _, heads in groups]
+        T = h.shape[1]
+        past = h[:, :0] if self.history is None else self.history
+        seq = torch.cat([past, h], 1)  # (B, n_past + T, d)
+        self.history = seq[:, -keep:]
+        seq = F.pad(seq, (0, 0, max(0, T + keep - seq.shape[1]), 0))  # zeros before position 0
+        end = seq.shape[1]
+        return [(seq[:, end - T - d : end - d], d, heads) for d, heads in groups]
 
     def write_exact(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
         """Put the newest exact tokens k, v (B, n_kv, T, d_head) at positions pos (T,) into the ring."""
@@ -98,7 +115,7 @@ class CompressedLayerCache:
     def nbytes(self) -> int:
         entries = self.entries_k.nbytes + (0 if self.entries_v is None else self.entries_v.nbytes)
         partials = sum(p.nbytes for p in self.partials) if self.partials else 0
-        return entries + partials + _nbytes(self.ring_k, self.ring_v)
+        return entries + partials + _nbytes(self.ring_k, self.ring_v, self.history)
 
 
 class PhaseCache:

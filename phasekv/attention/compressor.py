@@ -59,6 +59,13 @@ class Partial:
     def cat(self, other: Partial) -> Partial:
         return Partial(*(torch.cat([a, b], 1) for a, b in ((self.m, other.m), (self.z, other.z), (self.acc, other.acc))))
 
+    @staticmethod
+    def cat_heads(parts: list[Partial]) -> Partial:
+        """Partials of the same windows for consecutive groups of KV heads, joined along the KV-head dim."""
+        if len(parts) == 1:
+            return parts[0]
+        return Partial(*(torch.cat(t, 2) for t in zip(*((p.m, p.z, p.acc) for p in parts), strict=True)))
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.m, self.z, self.acc))
@@ -87,6 +94,13 @@ class CompressorBranch(nn.Module, ABC):
     def gated(self) -> bool:
         return self.offset_params()[1] is not None
 
+    def head_params(self, heads: slice | None = None) -> OffsetParams:
+        """`offset_params` of the KV heads `heads` (all when None)."""
+        params = self.offset_params()
+        if heads is None:
+            return params
+        return tuple(None if p is None else p[:, heads] for p in params)
+
     def logits(self, windows: torch.Tensor, params: OffsetParams | None = None) -> torch.Tensor:
         """Gate logits s (B, n, W, n_kv, G) of windows (B, n, W, d); zeros for uniform averaging."""
         payload, gate, bias = params or self.offset_params()
@@ -96,27 +110,31 @@ class CompressorBranch(nn.Module, ABC):
         s = torch.einsum("bnwd,wkgd->bnwkg", windows, gate)  # (B, n, W, n_kv, G)
         return s if bias is None else s + bias
 
-    def gate_scores(self, windows: torch.Tensor) -> torch.Tensor:
-        """alpha (B, n, W, n_kv, G): softmax over the W offsets of each complete window."""
-        return self.logits(windows).softmax(dim=2)
+    def gate_scores(self, windows: torch.Tensor, heads: slice | None = None) -> torch.Tensor:
+        """alpha (B, n, W, n_kv, G) of the KV heads `heads` (all when None): softmax over the W offsets of each
+        complete window."""
+        return self.logits(windows, self.head_params(heads)).softmax(dim=2)
 
-    def partial(self, windows: torch.Tensor, present: torch.Tensor | None = None) -> Partial:
-        """Partials of windows (B, n, W, d); `present` (n, W) marks the offsets whose tokens are given."""
-        params = self.offset_params()  # once: a variant may build them from shared weights
+    def partial(self, windows: torch.Tensor, present: torch.Tensor | None = None, heads: slice | None = None) -> Partial:
+        """Partials of windows (B, n, W, d) for the KV heads `heads` (all when None); `present` (n, W), or
+        (1 or B, n, W) per sequence, marks the offsets whose tokens are given."""
+        params = self.head_params(heads)  # once: a variant may build them from shared weights
         s = self.logits(windows, params)  # (B, n, W, n_kv, G)
         if present is not None:
-            s = s.masked_fill(~present[None, :, :, None, None], float("-inf"))
+            mask = present if present.dim() == 3 else present[None]  # (1 or B, n, W)
+            s = s.masked_fill(~mask[:, :, :, None, None], float("-inf"))
         m = s.amax(dim=2)  # (B, n, n_kv, G)
         m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
         e = (s - m_safe[:, :, None]).exp()  # (B, n, W, n_kv, G), 0 at absent offsets
         payload = torch.einsum("bnwd,wkcd->bnwkc", windows, params[0])  # (B, n, W, n_kv, d_head)
         return Partial(m, e.sum(dim=2), (e * payload).sum(dim=2))
 
-    def token_partial(self, h: torch.Tensor, offsets: torch.Tensor) -> Partial:
-        """Partials of one token h (B, d) sitting at `offsets` (n_w,) of n_w windows: what `partial` gives for
-        windows holding that token alone, computing only its own offsets (the decode step)."""
+    def token_partial(self, h: torch.Tensor, offsets: torch.Tensor, heads: slice | None = None) -> Partial:
+        """Partials of one token h (B, d) sitting at `offsets` (n_w,) of n_w windows, for the KV heads `heads`
+        (all when None): what `partial` gives for windows holding that token alone, computing only its own
+        offsets (the decode step)."""
         B, d = h.shape
-        payload_w, gate_w, bias = self.offset_params()
+        payload_w, gate_w, bias = self.head_params(heads)
         n_w, n_kv = offsets.shape[0], payload_w.shape[1]
         payload = F.linear(h, payload_w[offsets].reshape(-1, d)).view(B, n_w, n_kv, -1)  # (B, n_w, n_kv, d_head)
         if gate_w is None:
@@ -141,14 +159,17 @@ class OffsetBranch(CompressorBranch):
         super().__init__()
         W, n_kv, d_head, d = cfg.window, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
         std = d**-0.5
-        self.payload = nn.Parameter(torch.randn(W, n_kv, d_head, d) * std)  # C_i per offset and KV head
+        n_payloads = 1 if cfg.shared_payload else W  # shared payload: one C for every offset
+        self.payload = nn.Parameter(torch.randn(n_payloads, n_kv, d_head, d) * std)  # C_i per offset and KV head
         G = d_head if cfg.gate == "vector" else 1
         self.gate_weight = None if cfg.gate == "uniform" else nn.Parameter(torch.randn(W, n_kv, G, d) * std)  # Z_i
         self.gate_bias = nn.Parameter(torch.zeros(W, n_kv, G)) if cfg.gate != "uniform" and cfg.gate_bias else None
         self.post_norm = RMSNorm(d_head, cfg.norm_eps) if cfg.post_norm else None
+        self.window = W
 
     def offset_params(self) -> OffsetParams:
-        return self.payload, self.gate_weight, self.gate_bias
+        payload = self.payload if self.payload.shape[0] == self.window else self.payload.expand(self.window, -1, -1, -1)
+        return payload, self.gate_weight, self.gate_bias  # a shared payload: one C viewed at every offset
 
     def cycled_params(self) -> list[nn.Parameter]:
         return [p for p in (self.gate_weight, self.gate_bias) if p is not None]
@@ -214,10 +235,23 @@ class Compressor(nn.Module, ABC):
         """Whether it has offset-specific gate parameters: what gate cycling rolls (`cycled_params`)."""
         return cfg.gate != "uniform"
 
-    def __init__(self, grid: Grid, rope: Rope):
+    def __init__(self, grid: Grid, rope: Rope, delays: tuple[int, ...] = (0,)):
         super().__init__()
         self.grid, self.rope = grid, rope  # the layer's window grid and RoPE
         self.window, self.stride = grid.window, grid.stride
+        self.delays = delays  # per KV head: tokens by which its windows start before the grid (staggered heads)
+
+    def head_groups(self, shift: torch.Tensor | None = None) -> list[tuple[int | torch.Tensor, slice | None]]:
+        """(delay, KV heads) of each group of heads whose windows start equally early: one group of every head
+        (heads None) unless heads are staggered. `shift` (B,) adds a per-sequence delay (grid jitter)."""
+        groups: list[list[int]] = []  # [delay, first head, end]
+        for h, d in enumerate(self.delays):
+            if groups and groups[-1][0] == d:
+                groups[-1][2] = h + 1
+            else:
+                groups.append([d, h, h + 1])
+        out = [(self.delays[0], None)] if len(groups) == 1 else [(d, slice(a, b)) for d, a, b in groups]
+        return out if shift is None else [(shift + d, heads) for d, heads in out]
 
     @abstractmethod
     def branches(self) -> list[CompressorBranch]:
@@ -233,24 +267,34 @@ class Compressor(nn.Module, ABC):
     def gated(self) -> bool:
         return self.branches()[0].gated
 
-    def windows(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Complete windows (B, n, W, d) of hidden states h (B, T, d) on the grid, and (n, W) `present`
-        marks when a window starts before position 0 (its missing tokens are absent, zero weight)."""
+    def windows(self, h: torch.Tensor, delay: int | torch.Tensor = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Complete windows (B, n, W, d) of hidden states h (B, T, d) on the grid, each starting `delay` tokens
+        early (an int, or (B,) per sequence), and `present` ((n, W), (1 or B, n, W) with a delay, or None)
+        marks the offsets whose tokens exist (those before position 0 are absent, zero weight)."""
         g = self.grid
         n = g.n_complete(h.shape[1])
         if n == 0:
             return h.new_zeros(h.shape[0], 0, self.window, h.shape[2]), None
+        x, valid = delayed(h, delay)  # (B, T, d), (1 or B, T) or None
         first = g.entry_start(0)
-        x = F.pad(h, (0, 0, max(0, -first), 0))[:, max(0, first):]  # position first + i at index i
+        x = F.pad(x, (0, 0, max(0, -first), 0))[:, max(0, first):]  # position first + i at index i
         windows = x.unfold(1, self.window, self.stride)[:, :n].transpose(2, 3)  # (B, n, W, d)
-        if first >= 0:
-            return windows, None
-        return windows, g.window_tokens(torch.arange(n, device=h.device)) >= 0
+        present = None if first >= 0 else g.window_tokens(torch.arange(n, device=h.device)) >= 0  # (n, W)
+        if valid is not None:
+            valid = F.pad(valid, (max(0, -first), 0))[:, max(0, first):]
+            valid = valid.unfold(1, self.window, self.stride)[:, :n]  # (1 or B, n, W)
+            present = valid if present is None else valid & present
+        return windows, present
 
-    def full_windows(self, h: torch.Tensor) -> torch.Tensor:
-        """The complete windows (B, n, W, d) that hold W real tokens: the ones gate statistics read."""
-        windows, present = self.windows(h)
-        return windows if present is None else windows[:, int((~present.all(1)).sum()):]
+    def gate_scores(self, h: torch.Tensor, shift: torch.Tensor | None = None) -> list[tuple[str, CompressorBranch,
+                                                                                           torch.Tensor]]:
+        """(name, branch, alpha (B, n, W, n_kv, G)) of each branch over the complete windows of h (B, T, d)
+        that hold W real tokens for every KV head: what gate statistics and the coverage regulariser read."""
+        groups = [(self.windows(h, delay), heads) for delay, heads in self.head_groups(shift)]
+        skip = max(0 if p is None else int((~p.reshape(-1, *p.shape[-2:]).all(-1).all(0)).sum())
+                   for (_, p), _ in groups)  # leading windows with an absent token for some head or sequence
+        return [(name, b, torch.cat([b.gate_scores(w[:, skip:], heads) for (w, _), heads in groups], 3))
+                for name, b in self.named_branches()]
 
     def entry_kv(self, raw: list[torch.Tensor], j: torch.Tensor, k_norm: nn.Module | None = None):
         """Keys and values (B, n_kv, n, D) of entries j from their pooled branches raw (B, n_kv, n, D) each:
@@ -259,18 +303,24 @@ class Compressor(nn.Module, ABC):
         k = self.rope(k, self.grid.entry_position(j))
         return k, (k if len(raw) == 1 else raw[1])
 
-    def entries(self, h: torch.Tensor, k_norm: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values (B, n_kv, n, D) of every complete entry of hidden states h (B, T, d)."""
-        windows, present = self.windows(h)  # (B, n, W, d), (n, W) or None
-        raw = [b.finalize(b.partial(windows, present)) for b in self.branches()]  # (B, n_kv, n, D) each
-        return self.entry_kv(raw, torch.arange(windows.shape[1], device=h.device), k_norm)
+    def entries(self, h: torch.Tensor, k_norm: nn.Module | None = None,
+                shift: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, n_kv, n, D) of every complete entry of hidden states h (B, T, d); `shift` (B,)
+        starts each sequence's windows that many tokens early (grid jitter in training)."""
+        raw: list[list[torch.Tensor]] = [[] for _ in self.branches()]
+        for delay, heads in self.head_groups(shift):
+            windows, present = self.windows(h, delay)  # (B, n, W, d), (n, W), (1 or B, n, W) or None
+            for out, b in zip(raw, self.branches(), strict=True):
+                out.append(b.finalize(b.partial(windows, present, heads)))  # (B, n_kv of the group, n, D)
+        pooled = [r[0] if len(r) == 1 else torch.cat(r, 1) for r in raw]  # (B, n_kv, n, D) each
+        return self.entry_kv(pooled, torch.arange(pooled[0].shape[2], device=h.device), k_norm)
 
 
 class PaperCompressor(Compressor):
     """Key branch and (unless K/V are tied) value branch, each with per-offset parameters."""
 
     def __init__(self, cfg: ModelConfig, grid: Grid, rope: Rope):
-        super().__init__(grid, rope)
+        super().__init__(grid, rope, head_delays(cfg))
         self.key = OffsetBranch(cfg)
         self.value = None if cfg.tied_kv else OffsetBranch(cfg)
 
@@ -300,7 +350,7 @@ class V4Compressor(Compressor):
         return cfg.gate_bias  # the slot bias is V4's only offset-specific gate term
 
     def __init__(self, cfg: ModelConfig, grid: Grid, rope: Rope):
-        super().__init__(grid, rope)
+        super().__init__(grid, rope, head_delays(cfg))
         self.key = V4Branch(cfg)
 
     def branches(self) -> list[CompressorBranch]:
@@ -314,6 +364,24 @@ class V4Compressor(Compressor):
 
 
 COMPRESSORS: dict[str, type[Compressor]] = {"paper": PaperCompressor, "v4": V4Compressor}
+
+
+def head_delays(cfg: ModelConfig) -> tuple[int, ...]:
+    """Per KV head, the tokens by which its windows start before the layer's grid (all 0 unless staggered heads)."""
+    return tuple(cfg.head_delay(h) for h in range(cfg.n_kv_heads))
+
+
+def delayed(h: torch.Tensor, delay: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """h (B, T, d) read `delay` tokens late (position t holds h[t - delay]; an int, or (B,) per sequence) and
+    `valid` (1 or B, T): where t - delay >= 0 (None when nothing is delayed)."""
+    if isinstance(delay, int) and delay == 0:
+        return h, None
+    t = torch.arange(h.shape[1], device=h.device)
+    if isinstance(delay, int):
+        return F.pad(h, (0, 0, delay, 0))[:, : h.shape[1]], (t >= delay)[None]
+    src = t[None] - delay.to(h.device)[:, None]  # (B, T) source position of each slot
+    x = h.gather(1, src.clamp(min=0)[..., None].expand(-1, -1, h.shape[2]))  # (B, T, d)
+    return x, src >= 0
 
 
 def layer_grid(cfg: ModelConfig, layer: int) -> Grid:

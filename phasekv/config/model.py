@@ -13,7 +13,7 @@ CONFIG_VERSION = 1
 GATES = ("scalar", "vector", "uniform")
 COMPRESSORS = ("paper", "v4")
 COMPRESSION_FIELDS = ("gate", "tied_kv", "gate_bias", "local_window", "post_norm", "stagger", "coverage_reg",
-                      "compressor", "attention_sink")  # attributes full attention does not have
+                      "compressor", "attention_sink", "shared_payload", "head_stagger", "grid_jitter")  # attributes full attention does not have
 
 # Backbones. Compression attributes and the KV-head count come from the model name, not the preset.
 PRESETS: dict[str, dict] = {
@@ -67,6 +67,10 @@ class ModelConfig:
     coverage_reg: float = 0.0  # coverage regulariser weight (training only, like the seed; phasekv.train.coverage)
     compressor: str = "paper"  # paper: own Z_i, b_i, C_i per offset | v4: DeepSeek-V4's (shared projections, slot bias)
     attention_sink: bool = False  # a learned per-head logit in the joint softmax (DeepSeek-V4's sink)
+    shared_payload: bool = False  # one payload C for every window offset (paper compressor; gates stay per offset)
+    head_stagger: bool = False  # staggered heads: KV head h's windows start (h S) // n_kv tokens earlier than the
+    #                             layer's grid (entries still become visible on the layer's schedule)
+    grid_jitter: bool = False  # training only: every sequence's windows start a random 0..S-1 tokens earlier
     seed: int = 42  # part of the model's name (the study's seeds 42-45)
 
     def __post_init__(self) -> None:
@@ -97,6 +101,12 @@ class ModelConfig:
         if not (self.compressed and self.stagger):
             return 0
         return (layer * self.stride) // self.n_layers
+
+    def head_delay(self, head: int) -> int:
+        """Tokens by which KV head `head`'s windows start before its layer's grid (0 unless staggered heads)."""
+        if not (self.compressed and self.head_stagger):
+            return 0
+        return (head * self.stride) // self.n_kv_heads
 
     # ---- construction ----
     @classmethod
@@ -186,6 +196,16 @@ class ModelConfig:
             bad("compressor", f"must be one of {', '.join(COMPRESSORS)}")
         if self.compressor == "v4":
             self._validate_v4(bad)
+        if self.shared_payload and self.compressor != "paper":
+            bad("shared_payload", "the V4 compressor shares its payload projection already")
+        if self.head_stagger and self.n_kv_heads < 2:
+            bad("head_stagger", "staggered heads need 2 or more KV heads")
+        if self.head_stagger and self.local_window is None:
+            bad("head_stagger", "a staggered head's entry is visible up to S - 1 tokens after its window ends: "
+                "it needs a local window to cover them")
+        if self.grid_jitter and self.local_window is None:
+            bad("grid_jitter", "a jittered window's entry is visible up to S - 1 tokens after it ends: "
+                "it needs a local window to cover them")
 
     def _validate_v4(self, bad) -> None:
         """DeepSeek-V4's compressor: W = S (HCA) or W = 2S (CSA); per-channel gates, K = V, kv_norm are its own."""

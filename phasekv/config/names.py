@@ -33,6 +33,9 @@ ATTRIBUTES: list[tuple[str, str, dict]] = [
     ("uncompressed tail", "tail", {"local_window": None}),
     ("staggered windows", "stagger", {"stagger": True}),
     ("attention sink", "sink", {"attention_sink": True}),
+    ("shared payload", "sharedpayload", {"shared_payload": True}),
+    ("staggered heads", "hstagger", {"head_stagger": True}),
+    ("grid jitter", "jitter", {"grid_jitter": True}),
 ]
 # parameterised attributes: paper regex, ascii regex, field
 NUMBERED: list[tuple[str, str, str, str, str]] = [

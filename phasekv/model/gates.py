@@ -34,6 +34,8 @@ class GateRead:
     grid: Grid  # the layer's window grid (offset i sits at phase grid.offset_phase(i))
     gated: bool  # False for uniform averaging (alpha = 1/W, no gate parameters)
     training: bool  # the attention module's training flag during this forward
+    delays: tuple[int, ...] = (0,)  # per KV head: its windows start this many tokens before the grid (staggered
+    #                                 heads); head h's offset i sits at phase grid.offset_phase(i - delays[h])
 
 
 @contextmanager
@@ -52,11 +54,13 @@ def gate_scores(model: nn.Module, on_read: Callable[[GateRead], None]) -> Iterat
 def _phaselm_hooks(model: nn.Module, on_read: Callable[[GateRead], None]) -> list:
     def hook(layer: int):
         def pre(attn, args):
-            windows = attn.compressor.full_windows(args[0])  # (B, n, W, d) from the normed hidden states
-            if windows.shape[1] == 0:
+            shift = args[3] if len(args) > 3 else None  # grid jitter's per-sequence delays (training)
+            reads = attn.compressor.gate_scores(args[0], shift)  # from the normed hidden states
+            if reads[0][2].shape[1] == 0:
                 return
-            for name, branch in attn.compressor.named_branches():
-                on_read(GateRead(layer, name, branch.gate_scores(windows), attn.grid, branch.gated, attn.training))
+            delays = attn.compressor.delays
+            for name, branch, alpha in reads:
+                on_read(GateRead(layer, name, alpha, attn.grid, branch.gated, attn.training, delays))
 
         return pre
 
@@ -67,10 +71,9 @@ def _phaselm_hooks(model: nn.Module, on_read: Callable[[GateRead], None]) -> lis
 def _hf_hooks(model: nn.Module, on_read: Callable[[GateRead], None]) -> list:
     def hook(site, mirror):
         def pre(module, args):
-            windows = mirror.full_windows(args[0].float())  # (B, n, W, d) from the layer's normed hidden states
-            if windows.shape[1] > 0:
-                on_read(GateRead(site.layer, site.branch, mirror.key.gate_scores(windows), mirror.grid, True,
-                                 module.training))
+            (_, _, alpha), = mirror.gate_scores(args[0].float())  # from the layer's normed hidden states
+            if alpha.shape[1] > 0:
+                on_read(GateRead(site.layer, site.branch, alpha, mirror.grid, True, module.training))
 
         return pre
 

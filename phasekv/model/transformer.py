@@ -37,8 +37,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache=None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), pos, cache)
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache=None, shift: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), pos, cache, shift)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -63,13 +63,21 @@ class PhaseLM(nn.Module):
         self._check_input(input_ids, start)
         pos = torch.arange(start, start + T, device=input_ids.device)  # (T,)
         x = self.embed(input_ids)  # (B, T, d)
+        shift = self._grid_shift(B) if cache is None else None
         for i, layer in enumerate(self.layers):
-            x = layer(x, pos, None if cache is None else cache.layers[i])
+            x = layer(x, pos, None if cache is None else cache.layers[i], shift)
         if cache is not None:
             cache.pos += T
         x = self.norm(x)
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return x @ weight.T  # (B, T, V)
+
+    def _grid_shift(self, batch: int) -> torch.Tensor | None:
+        """Grid jitter (training forward only): per sequence, a random 0..S-1 tokens by which every layer's
+        windows start early; None otherwise (the fixed grid)."""
+        if not (self.training and self.config.grid_jitter):
+            return None
+        return torch.randint(self.config.stride, (batch,), device=self.embed.weight.device)
 
     def _check_input(self, input_ids: torch.Tensor, start: int) -> None:
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:

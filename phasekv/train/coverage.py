@@ -21,6 +21,7 @@ Enabled by the model attribute `· coverage reg LAMBDA` (loss = cross-entropy + 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import ExitStack
 
 import torch
@@ -30,13 +31,15 @@ from phasekv.attention.positions import Grid
 from phasekv.model.gates import GateRead, gate_scores
 
 
-def phase_preference(alpha: torch.Tensor, stride: int, offset: int = 0) -> torch.Tensor:
+def phase_preference(alpha: torch.Tensor, stride: int, offset: int | Sequence[int] = 0) -> torch.Tensor:
     """Static preference over phases (n_kv, S) of gate weights alpha (B, n, W, n_kv, G) of one branch whose
-    window grid starts at `offset`."""
+    window grid starts at `offset` (or, per KV head, at offset[h]: staggered heads)."""
     p = alpha.mean(dim=(0, 1, 4))  # (W, n_kv): E[alpha] over windows, channels of vector gates averaged
     W, n_kv = p.shape
-    phase = Grid(W, stride, offset).offset_phase(torch.arange(W, device=p.device))  # (W,) phase of each offset
-    pooled = p.new_zeros(stride, n_kv).index_add(0, phase, p)  # (S, n_kv)
+    offsets = [offset] * n_kv if isinstance(offset, int) else list(offset)
+    i = torch.arange(W, device=p.device)
+    phase = torch.stack([Grid(W, stride, o).offset_phase(i) for o in offsets], 1)  # (W, n_kv) phase of each offset
+    pooled = p.new_zeros(stride, n_kv).scatter_add(0, phase, p)  # (S, n_kv)
     return pooled.T
 
 
@@ -65,7 +68,8 @@ class CoverageProbe:
 
     def _read(self, read: GateRead) -> None:
         if read.training and read.gated:
-            self.prefs[read.branch].append(phase_preference(read.alpha, read.grid.stride, read.grid.offset))
+            offsets = [read.grid.offset - d for d in read.delays]  # where each KV head's windows start
+            self.prefs[read.branch].append(phase_preference(read.alpha, read.grid.stride, offsets))
 
     def pop(self) -> torch.Tensor:
         """Penalty R of the forward passes since the last pop, averaged over the key and value branches
