@@ -7,11 +7,11 @@ from hypothesis import strategies as st
 
 from phasekv import ModelConfig, PhaseLM
 from phasekv.config.names import PAPER_GRID
-from tests.attention.variants import V4_VARIANTS
+from tests.attention.variants import REPAIR_VARIANTS, V4_VARIANTS
 
 SMALL = dict(preset="tiny", vocab_size=61, n_layers=2, d_model=32, n_heads=8, head_dim=16, d_ff=48)
 VARIANTS = PAPER_GRID + ["W8/S8 · 1 KV · staggered windows", "W6/S6 · 2 KV · local window 3", "W5/S2 · 1 KV · uncompressed tail",
-                         *V4_VARIANTS]
+                         *V4_VARIANTS, *REPAIR_VARIANTS]
 
 
 def decode_all(model, ids, chunks):
@@ -39,12 +39,14 @@ def test_decode_equals_parallel(name):
 
 @settings(max_examples=25, deadline=None)
 @given(W=st.integers(1, 10), S=st.integers(1, 10), T=st.integers(1, 40), local=st.sampled_from([None, 1, 2, 5, 16]),
-       kv=st.sampled_from([1, 2, 4]), gate=st.sampled_from(["scalar", "vector", "uniform"]), data=st.data())
+       kv=st.sampled_from([1, 2, 4]), gate=st.sampled_from(["scalar", "vector", "uniform"]), heads=st.booleans(),
+       data=st.data())
 @torch.no_grad()
-def test_decode_equals_parallel_random(W, S, T, local, kv, gate, data):
+def test_decode_equals_parallel_random(W, S, T, local, kv, gate, heads, data):
     S = min(S, W)
     cfg = ModelConfig(vocab_size=37, n_layers=2, d_model=24, n_heads=4, n_kv_heads=kv, head_dim=8, d_ff=32,
-                      window=W, stride=S, local_window=local, gate=gate)
+                      window=W, stride=S, local_window=local, gate=gate,
+                      head_stagger=heads and kv > 1 and local is not None)
     model = PhaseLM(cfg).eval()
     ids = torch.randint(0, 37, (2, T))
     cuts = sorted(set(data.draw(st.lists(st.integers(1, T), max_size=4)) + [T]))

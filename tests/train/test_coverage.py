@@ -103,3 +103,17 @@ def test_training_loop_adds_the_penalty(tmp_path):
     pen = [r["coverage_penalty"] for r in rows if "coverage_penalty" in r]
     assert len(pen) == 2 and all(0 < p <= 1 for p in pen)
     assert json.loads((out / "config.json").read_text())["name"] == "W8/S8 · 1 KV · coverage reg 0.5"
+
+
+def test_staggered_heads_compared_on_the_phase_axis():
+    """Staggered heads (W8/S4, 2 KV: head 1 starts 2 tokens early): head 0's offset 2 and head 1's offset 0 are the
+    same phase; head 0's offset 2 and head 1's offset 2 are not."""
+    model = PhaseLM(ModelConfig.from_name("W8/S4 · 2 KV · staggered heads", **(SMALL | {"n_layers": 1})))
+    ids = torch.randint(0, 61, (2, 40))
+    _pin(model, [[2, 0]])
+    assert coverage_penalty(model, ids) > 0.99
+    _pin(model, [[2, 2]])
+    assert coverage_penalty(model, ids) < 1e-6
+    alpha = torch.zeros(1, 1, 8, 2, 1)
+    alpha[0, 0, 0, :] = 1.0
+    assert phase_preference(alpha, stride=4, offset=[0, -2]).tolist() == [[1, 0, 0, 0], [0, 0, 1, 0]]
