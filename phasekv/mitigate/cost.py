@@ -98,7 +98,4 @@ def _cost_key(cfg: ModelConfig) -> str:
 
 
 def _full_twin(cfg: ModelConfig) -> ModelConfig:
-    fields = ModelConfig.__dataclass_fields__
-    reset = {f: fields[f].default for f in ("gate", "tied_kv", "gate_bias", "local_window", "post_norm", "stagger",
-                                            "coverage_reg")}
-    return cfg.replace(window=0, stride=0, **reset)
+    return cfg.full_attention()  # every compression attribute at its default (V4, staggered heads, jitter too)

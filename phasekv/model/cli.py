@@ -36,6 +36,7 @@ def cache_bytes(config: ModelConfig, context: int, batch_size: int = 1) -> int:
         branch_entry = batch_size * config.n_kv_heads * config.head_dim * 4
         partial = batch_size * config.n_kv_heads * (2 * G + config.head_dim) * 4
         total += tied * (entries * branch_entry + in_flight * partial) + exact * per_token * tied // 2
+        total += batch_size * max(map(config.head_delay, range(config.n_kv_heads))) * config.d_model * 4  # history
     return total
 
 

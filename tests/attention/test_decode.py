@@ -85,12 +85,12 @@ def test_compressed_branch_carries_old_tokens():
 def test_cache_bytes_scale_with_stride():
     from phasekv.model.cli import cache_bytes
 
-    for name, ratio in [("W8/S8 · 1 KV", 1 / 8), ("W8/S4 · 1 KV", 1 / 4)]:
+    for name, ratio in [("W8/S8 · 1 KV", 1 / 8), ("W8/S4 · 1 KV", 1 / 4), ("W8/S4 · 2 KV · staggered heads", 1 / 4)]:
         cfg = ModelConfig.from_name(name, **SMALL)
         model = PhaseLM(cfg).eval()
         T = 512
         with torch.no_grad():
             _, cache = decode_all(model, torch.randint(0, 61, (1, T)), [T - 1, T])
-        full = cache_bytes(cfg.replace(window=0, stride=0), T)
+        full = cache_bytes(cfg.full_attention(), T)
         assert cache.nbytes == cache_bytes(cfg, T)
         assert ratio < cache.nbytes / full < ratio + (16 + cfg.window + 1) / T
