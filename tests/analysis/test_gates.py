@@ -71,6 +71,22 @@ def test_gate_stats_on_a_model_with_constructed_gates():
     assert np.allclose(ks, 1.0, atol=1e-3)  # every offset wins equally often: uniform on average
 
 
+def test_gate_stats_of_staggered_heads_use_each_heads_grid():
+    """W8/S4 · 2 KV · staggered heads: head 1's windows start 2 tokens early, so the same bias peak (value offset
+    4) sits at phase 3 for head 0 and at phase 1 for head 1."""
+    cfg = ModelConfig.from_name("W8/S4 · 2 KV · staggered heads", preset="tiny", vocab_size=64)
+    model = PhaseLM(cfg).eval()
+    with torch.no_grad():
+        comp = model.layers[0].attn.compressor
+        comp.value.gate_weight.zero_()
+        comp.value.gate_bias.zero_()
+        comp.value.gate_bias[4] = 50.0
+    heads, _ = gate_stats(model, collect_alpha(model, [torch.randint(1, 64, (2, 64))]))
+    value = heads[(heads["layer"] == 0) & (heads["branch"] == "value")].sort_values("kv_head")
+    assert value["grid_offset"].tolist() == [0, -2]
+    assert value["peak_offset"].tolist() == [4, 4] and value["peak_phase"].tolist() == [3, 1]
+
+
 def test_gate_stats_overlapping_windows_report_effective_phases():
     model = _onehot_model("w8s4-1kv")
     heads, _ = gate_stats(model, collect_alpha(model, [torch.randint(1, 64, (2, 64))]))
