@@ -151,7 +151,7 @@ def c3(f: Facts) -> Verdict:
     ok, left = usable(f)
     c8, need = "W8/S8 · 8 KV", ("W8/S8 · 8 KV", FULL_8KV)
     if any(n not in ok for n in need):
-        return Verdict("C3", UNTESTABLE, "needs both." + _scope(_missing(need, ok, left)))
+        return Verdict("C3", UNTESTABLE, f"needs {c8} and {FULL_8KV}." + _scope(_missing(need, ok, left)))
     c, b = ok[c8], ok[FULL_8KV]
     close = c["mean"] >= MEAN_RATIO * b["mean"]
     floor = ci(c, "worst")["ci"][1] < ci(b, "worst")["ci"][0] / 2
@@ -217,7 +217,7 @@ def c6(f: Facts) -> Verdict:
     ok, left = usable(f)
     need = (W8S4, W8S8, FULL_1KV)
     if any(n not in ok for n in need):
-        return Verdict("C6", UNTESTABLE, "needs all three." + _scope(_missing(need, ok, left)))
+        return Verdict("C6", UNTESTABLE, f"needs {', '.join(need)}." + _scope(_missing(need, ok, left)))
     o, w, b = (ci(ok[n], "gap") for n in need)
     narrows, remains = o["ci"][1] < w["ci"][0], o["ci"][0] > b["ci"][1]
     other = {p: {n: ci(runs[n], "gap") for n in need if n in runs} for p, runs in f.lookup.items() if p != PADDING}
@@ -336,13 +336,16 @@ def _cycle_facts(stage) -> dict:
             "profiles": profiles}
 
 
+def _named(study: Study, stages: dict, fn=lambda stage: stage.summary) -> dict:
+    """fn(stage) of each stage, keyed by its model's paper name instead of its alias."""
+    return {study.models[a].name if a in study.models else a: fn(st) for a, st in stages.items()}
+
+
 def facts(study: Study) -> Facts:
     """The study's results keyed by paper name."""
-    name = {a: m.name for a, m in study.models.items()}
-    by_name = lambda stages, fn=lambda st: st.summary: {name.get(a, a): fn(st) for a, st in stages.items()}  # noqa: E731
     an = study.analyses
-    return Facts(lookup={p: by_name(st) for p, st in study.lookup.items() if st},
-                 knockout=by_name(an.get("knockout", {})), gates=by_name(an.get("gates", {})),
-                 cycle={n: c for n, c in by_name(an.get("cycle", {}), _cycle_facts).items()
-                        if c["boundary_phase"] is not None},
+    cycle = _named(study, an.get("cycle", {}), _cycle_facts)
+    return Facts(lookup={p: _named(study, st) for p, st in study.lookup.items() if st},
+                 knockout=_named(study, an.get("knockout", {})), gates=_named(study, an.get("gates", {})),
+                 cycle={n: c for n, c in cycle.items() if c["boundary_phase"] is not None},
                  theory={k: st.summary for k, st in study.theory.items()})

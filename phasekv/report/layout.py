@@ -1,7 +1,7 @@
 """Where a study directory keeps each stage's outputs: the one layout `phasekv demo` writes and
 `phasekv report` reads.
 
-    DIR/demo.json                         the demo's manifest: mode, models, settings, stage timings
+    DIR/demo.json                         the manifest (demo or study): kind, mode, models, settings, stage timings
     DIR/runs/<alias>/                     training runs (`phasekv train`): config.json, metrics.jsonl, gates.jsonl
     DIR/eval/<stage>/<alias>/             an evaluation protocol's variant (`phasekv.eval.protocols`): results.parquet,
                                           summary.json; lookup-<padding> (`phasekv eval lookup`), flip (filler sweep)
