@@ -56,6 +56,14 @@ def test_study_preset_must_fit_every_run(tmp_path):
     assert not (tmp_path / "demo.json").exists()  # refused before anything ran
 
 
+def test_study_cli_bad_preset_is_one_line(tmp_path):
+    from tests.reliability.helpers import run_cli
+
+    code, out, err = run_cli("study", "--quick", "--preset", "tiny", "--out", tmp_path / "s")
+    assert code != 0 and (out + err).strip() == "error: invalid config: n_kv_heads=8: must divide n_heads=4"
+    assert not (tmp_path / "s").exists()
+
+
 def _check_outputs(root: Path, models: list[str]) -> None:
     claims = json.loads((root / "report" / "claims.json").read_text())
     assert [c["claim"] for c in claims] == CLAIMS
