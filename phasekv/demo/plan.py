@@ -84,11 +84,17 @@ def plan_for(quick: bool) -> DemoPlan:
                     n_cal=32, gate_prompts=32, cycle_per_group=24, deltas=[-1, 1], n_boot=200, flip_lengths=8)
 
 
+# --quick study: the demo's smoke budgets with a third of its prompts (26 models; knockouts of 8 KV heads cost 8x)
+STUDY_QUICK = dict(per_group=8, ko_per_group=8, cycle_per_group=8, n_cal=16, gate_prompts=16, flip_lengths=4,
+                   n_boot=100)
+
+
 def study_plan(quick: bool, preset: str = STUDY_PRESET) -> DemoPlan:
     """The whole study (SPEC §3: the paper's grid, 26 runs with the full-attention baselines) with the demo's
-    recipe and sizes at `preset`; --quick: the demo's smoke budgets. Every uniform-averaging run gets the
+    recipe and sizes at `preset`; --quick: smoke budgets (STUDY_QUICK). Every uniform-averaging run gets the
     demo's longer budget for uniform averaging."""
     demo = plan_for(quick)
     uniform = demo.steps_of("W8/S8 · 1 KV · uniform averaging")
     more = {m: uniform for m in PAPER_GRID if uniform != demo.steps and parse_name(m).get("gate") == "uniform"}
-    return dataclasses.replace(demo, kind="study", models=list(PAPER_GRID), preset=preset, more_steps=more)
+    return dataclasses.replace(demo, kind="study", models=list(PAPER_GRID), preset=preset, more_steps=more,
+                               **(STUDY_QUICK if quick else {}))
