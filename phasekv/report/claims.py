@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from phasekv.config.names import parse_name
+from phasekv.errors import ModelNameError
 from phasekv.report import published as pub
 from phasekv.report.checks import learned, periodic
 from phasekv.report.load import Study
@@ -336,9 +337,18 @@ def _cycle_facts(stage) -> dict:
             "profiles": profiles}
 
 
+def _paper_name(name: str) -> bool:
+    try:
+        parse_name(name)
+    except ModelNameError:  # e.g. a Hugging Face model evaluated beside the study's: no claim is about it
+        return False
+    return True
+
+
 def _named(study: Study, stages: dict, fn=lambda stage: stage.summary) -> dict:
-    """fn(stage) of each stage, keyed by its model's paper name instead of its alias."""
-    return {study.models[a].name if a in study.models else a: fn(st) for a, st in stages.items()}
+    """fn(stage) of each stage of a model with a paper name, keyed by that name instead of its alias."""
+    names = {a: study.models[a].name if a in study.models else a for a in stages}
+    return {names[a]: fn(st) for a, st in stages.items() if _paper_name(names[a])}
 
 
 def facts(study: Study) -> Facts:

@@ -147,3 +147,18 @@ def test_every_claim_gets_a_verdict(f):
     found = [v.to_dict() for v in claims.verdicts(f)]
     assert [v["claim"] for v in found] == [f"C{i}" for i in range(1, 11)]
     assert all(v["verdict"] in (REPRODUCED, NOT_REPRODUCED, UNTESTABLE) and v["reason"] and v["text"] for v in found)
+
+
+def test_models_without_a_paper_name_are_left_out(study_dir, tmp_path):
+    import shutil
+
+    from phasekv.report import load_study
+
+    root = tmp_path / "hf"
+    shutil.copytree(study_dir / "eval", root / "eval")
+    shutil.copytree(root / "eval" / "lookup-prefix" / "w8s8-1kv", root / "eval" / "lookup-prefix" / "my-hf-model")
+    path = root / "eval" / "lookup-prefix" / "my-hf-model" / "summary.json"
+    path.write_text(path.read_text().replace("W8/S8 · 1 KV", "Qwen3-0.6B (HF)"))
+    f = claims.facts(load_study(root))
+    assert "Qwen3-0.6B (HF)" not in f.lookup["prefix"] and W8S8 in f.lookup["prefix"]
+    assert len(claims.verdicts(f)) == 10
