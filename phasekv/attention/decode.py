@@ -1,0 +1,185 @@
+"""The one-token decode step: a few fused ops per layer instead of a few hundred small ones.
+
+`StepPlan` holds, once per cache, the weights a step reads in the layout it reads them: the q, k, v
+projections as one matrix, the q/k norms as one weight over the stacked heads and, for a compressed layer
+whose window is a whole number of strides (W = kS), the compressor rows of every phase: for a token at phase
+phi of its oldest window, the payload and gate rows of the offsets it fills in each of its k windows, of every
+branch, as one matrix whose bias holds the gate biases. A step (`step`) then
+- projects the token: q, k, v in one matmul, every in-flight window's payloads and gate logits in another;
+- merges it into the in-flight partials in place (`cache.InFlight`: `Partial.merge` for a side whose logits are
+  finite), completing the oldest window at its last token;
+- writes k, v into the ring first, so that the keys the query may see are one contiguous view of the cache
+  ([ring | entries]): one score matmul, `Grid`'s mask on the ring slots, one softmax, one value matmul.
+The reference is the chunk path (`Attention._extend_entries` over `CompressorBranch.token_partial`,
+`blockwise.decode_attention`). It runs under autograd (the plan holds copies of weights), under
+`blockwise.use_backend("reference")`, for W not a multiple of S, and for a grid's first tokens (windows that
+start before position 0 or after the token): tests hold the two equal for every variant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from phasekv.attention import blockwise
+from phasekv.attention.cache import CompressedLayerCache, FullLayerCache, InFlight
+from phasekv.attention.compressor import Compressor, Partial
+from phasekv.attention.norm import rms_norm
+
+
+def enabled() -> bool:
+    """Whether one-token steps take the fast path: no autograd, not the reference backend."""
+    return not torch.is_grad_enabled() and blockwise.backend() != "reference"
+
+
+@dataclass
+class PhaseRows:
+    """A compressed layer's compressor rows by phase: payloads (n_br, k, n_kv, D) then gate logits (n_br, k,
+    n_kv, G) of the k = W/S windows a token belongs to, oldest first, as `F.linear(h, rows[phi], bias[phi])`."""
+
+    rows: torch.Tensor  # (S, n_br * k * n_kv * (D + G'), d); G' = G, or 0 without gates (uniform averaging)
+    bias: torch.Tensor  # (S, n_br * k * n_kv * (D + G')): zeros on payload rows, the gate biases
+    shape: tuple[int, int, int, int, int]  # (n_br, k, n_kv, D, G) of the in-flight partials
+    gated: bool
+
+    @classmethod
+    def build(cls, compressor: Compressor) -> PhaseRows | None:
+        W, S = compressor.window, compressor.stride
+        if W % S:
+            return None
+        params = [b.offset_params() for b in compressor.branches()]
+        payload, gate, _ = params[0]  # (W, n_kv, D, d), (W, n_kv, G, d) or None
+        (n_kv, D, d), k = payload.shape[1:], W // S
+        G = 1 if gate is None else gate.shape[2]
+        rows, bias = [], []
+        for phi in range(S):
+            offs = phi + S * torch.arange(k - 1, -1, -1, device=payload.device)  # slot i's offset, oldest first
+            pay = torch.stack([p[0][offs] for p in params])  # (n_br, k, n_kv, D, d)
+            r, b = [pay.reshape(-1, d)], [pay.new_zeros(pay.shape[:-1]).flatten()]
+            if gate is not None:
+                r.append(torch.stack([p[1][offs] for p in params]).reshape(-1, d))  # (n_br * k * n_kv * G, d)
+                b.append(torch.stack([p[1].new_zeros(k, n_kv, G) if p[2] is None else p[2][offs]
+                                      for p in params]).flatten())
+            rows.append(torch.cat(r))
+            bias.append(torch.cat(b))
+        return cls(torch.stack(rows), torch.stack(bias), (len(params), k, n_kv, D, G), gate is not None)
+
+
+@dataclass
+class StepPlan:
+    """What a layer's one-token steps read, laid out once per cache (weights do not change during a decode)."""
+
+    qkv: torch.Tensor  # (H D + n_kv D [+ n_kv D], d): q_proj, k_proj [, v_proj] rows
+    qk_norm: torch.Tensor | None  # (H + n_kv, D): q_norm's weight per query head, then k_norm's per KV head
+    phases: PhaseRows | None  # compressed layers with W = kS
+
+    @classmethod
+    def build(cls, attn) -> StepPlan:
+        H, n_kv, D = attn.cfg.n_heads, attn.cfg.n_kv_heads, attn.cfg.head_dim
+        qkv = torch.cat([lin.weight for lin in (attn.q_proj, attn.k_proj, attn.v_proj) if lin is not None])
+        norm = None
+        if attn.cfg.qk_norm:
+            norm = torch.cat([attn.q_norm.weight.expand(H, D), attn.k_norm.weight.expand(n_kv, D)])
+        phases = None if attn.compressor is None else PhaseRows.build(attn.compressor)
+        return cls(qkv, norm, phases)
+
+
+def step(attn, h: torch.Tensor, pos: torch.Tensor, cache: FullLayerCache | CompressedLayerCache) -> torch.Tensor:
+    """One token h (B, 1, d) at pos (1,) through layer `attn` (an `Attention`) and its cache -> the per-head
+    outputs z (B, H, 1, D), as the reference chunk path gives them."""
+    if cache.plan is None:
+        cache.plan = StepPlan.build(attn)
+    t = int(pos[0])
+    q, k, v = _project(attn, cache.plan, h[:, 0], t)  # (B, H, D), (B, n_kv, D), (B, n_kv, D)
+    if attn.compressor is None:
+        cache.k.append(k[:, :, None])
+        cache.v.append(v[:, :, None])
+        return read(q, cache.k.whole(), cache.v.whole(), None, None)  # full layers have no sink (as `_full`)
+    if not extend(attn, cache.plan.phases, cache, h[:, 0], t):
+        attn._extend_entries(h, pos, cache)
+    cache.write_token(k, v, t)
+    keys = cache.entries_k.whole()  # (B, n_kv, keep + n, D): the ring, then every entry (all complete by t)
+    values = keys if cache.entries_v is None else cache.entries_v.whole()
+    return read(q, keys, values, attn.grid.exact_visible(pos, cache.ring_pos)[0], attn.sinks)
+
+
+def _project(attn, plan: StepPlan, x: torch.Tensor, t: int):
+    """q (B, H, D), k, v (B, n_kv, D) of tokens x (B, d) at position t: normalised, rotated; tied values are
+    the keys."""
+    B, H, n_kv, D = x.shape[0], attn.cfg.n_heads, attn.cfg.n_kv_heads, attn.cfg.head_dim
+    y = F.linear(x, plan.qkv)  # (B, (H + n_kv [+ n_kv]) D)
+    qk = y[:, : (H + n_kv) * D].view(B, H + n_kv, D)
+    if plan.qk_norm is not None:
+        qk = rms_norm(qk, plan.qk_norm, attn.cfg.norm_eps)  # q_norm and k_norm in one
+    qk = attn._rope.at(qk, t)  # (B, H + n_kv, D)
+    k = qk[:, H:]
+    return qk[:, :H], k, (k if attn.v_proj is None else y[:, (H + n_kv) * D :].view(B, n_kv, D))
+
+
+def extend(attn, phases: PhaseRows | None, cache: CompressedLayerCache, x: torch.Tensor, t: int) -> bool:
+    """Feed one token x (B, d) at position t to its W/S in-flight windows in place, storing the entry it
+    completes. False (nothing done) where the windows holding t are not the W/S ones from `n_entries` on."""
+    g = attn.grid
+    j = cache.n_entries  # oldest window not yet complete
+    if phases is None or g.n_started(t + 1) - j != phases.shape[1]:
+        return False
+    phi = t - g.entry_start(j) - g.window + g.stride  # the token's offset in window j, less W - S
+    state = cache.inflight or _inflight(cache.partials, phases, x)
+    p, (n_br, k, n_kv, D, G) = state.p, phases.shape
+    y = F.linear(x, phases.rows[phi], phases.bias[phi])  # (B, n_br k n_kv (D + G'))
+    payload = y[:, : n_br * k * n_kv * D].view(-1, n_br, k, n_kv, D)
+    s = y[:, n_br * k * n_kv * D :].view(-1, n_br, k, n_kv, G) if phases.gated else y.new_zeros(())
+    m = torch.maximum(p.m, s)  # (B, n_br, k, n_kv, G); finite: s is
+    a, b = (p.m - m).exp_(), (s - m).exp_()  # a = 0 in a window that saw no token yet
+    p.z.mul_(a).add_(b)
+    p.acc.mul_(a).addcmul_(b, payload)
+    p.m, state.live = m, k
+    cache.inflight = state
+    if phi == g.stride - 1:  # the token is window j's last
+        _complete(attn, cache, state, j)
+    return True
+
+
+def _inflight(partials: list[Partial] | None, phases: PhaseRows, x: torch.Tensor) -> InFlight:
+    """The reference's per-branch partials of windows n_entries.. in the step's slots (empty slots after them)."""
+    n_br, k, n_kv, D, G = phases.shape
+    m = x.new_full((x.shape[0], n_br, k, n_kv, G), float("-inf"))
+    z, acc = torch.zeros_like(m), x.new_zeros(x.shape[0], n_br, k, n_kv, D)
+    live = partials[0].m.shape[1] if partials else 0
+    if live:
+        for dst, src in ((m, "m"), (z, "z"), (acc, "acc")):
+            dst[:, :, :live] = torch.stack([getattr(p, src) for p in partials], 1)
+    return InFlight(Partial(m, z, acc), live)
+
+
+def _complete(attn, cache: CompressedLayerCache, state: InFlight, j: int) -> None:
+    """Store entry j from the oldest slot, move the other windows one slot older and empty the newest."""
+    p = state.p
+    raw = [b.finalize(Partial(p.m[:, i, :1], p.z[:, i, :1], p.acc[:, i, :1]))  # (B, n_kv, 1, D) per branch
+           for i, b in enumerate(attn.compressor.branches())]
+    ek, ev = attn.compressor.entry_kv(raw, torch.full((1,), j, device=p.m.device), attn.k_norm)
+    cache.entries_k.append(ek)
+    if cache.entries_v is not None:
+        cache.entries_v.append(ev)
+    for x, empty in ((p.m, float("-inf")), (p.z, 0.0), (p.acc, 0.0)):
+        x[:, :, :-1] = x[:, :, 1:].clone()
+        x[:, :, -1] = empty
+    state.live -= 1
+
+
+def read(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor | None,
+         sinks: torch.Tensor | None) -> torch.Tensor:
+    """One query per head q (B, H, D) over keys, values (B, n_kv, N, D) read in place; `visible` (R,) bool
+    over the first R keys (the rest are all visible) or None; sinks (H,) attention-sink logits or None
+    -> z (B, H, 1, D): `blockwise.attend_parts` for one query over one key set."""
+    B, H, D = q.shape
+    n_kv = keys.shape[1]
+    s = (q.view(B, n_kv, H // n_kv, D) * D**-0.5) @ keys.transpose(-1, -2)  # (B, n_kv, g, N)
+    if visible is not None:
+        s[..., : visible.shape[0]].masked_fill_(~visible, float("-inf"))
+    if sinks is None:
+        return (s.softmax(-1) @ values).view(B, H, 1, D)
+    s = torch.cat([s, sinks.to(s.dtype).view(1, n_kv, H // n_kv, 1).expand(B, -1, -1, 1)], -1)
+    return (s.softmax(-1)[..., :-1] @ values).view(B, H, 1, D)  # the sink's share is dropped: it adds no value
