@@ -18,6 +18,7 @@ start before position 0 or after the token): tests hold the two equal for every 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,7 @@ from phasekv.attention import blockwise
 from phasekv.attention.cache import CompressedLayerCache, FullLayerCache, InFlight
 from phasekv.attention.compressor import Compressor, Partial
 from phasekv.attention.norm import rms_norm
+from phasekv.attention.positions import Grid
 
 
 def enabled() -> bool:
@@ -68,12 +70,40 @@ class PhaseRows:
 
 
 @dataclass
+class RingMasks:
+    """The ring slots a query at t does not see once t is written: `Grid.exact_visible` over the positions the ring
+    then holds (slot i: t - (t - i) mod keep). From t0 on (ring full, an entry visible) it repeats with period
+    lcm(keep, S): a position's visibility depends on t - p and, for the uncompressed tail, on t's phase."""
+
+    t0: int
+    hidden: list[torch.Tensor | None]  # per (t - t0) mod period: (keep,) bool, None where every slot is seen
+
+    @classmethod
+    def build(cls, grid: Grid, device: torch.device) -> RingMasks:
+        keep = grid.exact_keep
+        t0 = max(keep - 1, grid.offset + grid.window - 1, 0)
+        hidden = []
+        for t in range(t0, t0 + math.lcm(keep, grid.stride)):
+            slots = torch.arange(keep, device=device)
+            h = ~grid.exact_visible(torch.tensor([t], device=device), t - (t - slots) % keep)[0]
+            hidden.append(h if h.any() else None)
+        return cls(t0, hidden)
+
+    def at(self, grid: Grid, t: int, ring_pos: torch.Tensor) -> torch.Tensor | None:
+        """(keep,) bool: the ring slots (positions ring_pos) the query at t does not see, or None."""
+        if t < self.t0:
+            return ~grid.exact_visible(torch.tensor([t], device=ring_pos.device), ring_pos)[0]
+        return self.hidden[(t - self.t0) % len(self.hidden)]
+
+
+@dataclass
 class StepPlan:
     """What a layer's one-token steps read, laid out once per cache (weights do not change during a decode)."""
 
     qkv: torch.Tensor  # (H D + n_kv D [+ n_kv D], d): q_proj, k_proj [, v_proj] rows
     qk_norm: torch.Tensor | None  # (H + n_kv, D): q_norm's weight per query head, then k_norm's per KV head
     phases: PhaseRows | None  # compressed layers with W = kS
+    ring: RingMasks | None  # compressed layers
 
     @classmethod
     def build(cls, attn) -> StepPlan:
@@ -82,8 +112,9 @@ class StepPlan:
         norm = None
         if attn.cfg.qk_norm:
             norm = torch.cat([attn.q_norm.weight.expand(H, D), attn.k_norm.weight.expand(n_kv, D)])
-        phases = None if attn.compressor is None else PhaseRows.build(attn.compressor)
-        return cls(qkv, norm, phases)
+        if attn.compressor is None:
+            return cls(qkv, norm, None, None)
+        return cls(qkv, norm, PhaseRows.build(attn.compressor), RingMasks.build(attn.grid, qkv.device))
 
 
 def step(attn, h: torch.Tensor, pos: torch.Tensor, cache: FullLayerCache | CompressedLayerCache) -> torch.Tensor:
@@ -102,7 +133,7 @@ def step(attn, h: torch.Tensor, pos: torch.Tensor, cache: FullLayerCache | Compr
     cache.write_token(k, v, t)
     keys = cache.entries_k.whole()  # (B, n_kv, keep + n, D): the ring, then every entry (all complete by t)
     values = keys if cache.entries_v is None else cache.entries_v.whole()
-    return read(q, keys, values, attn.grid.exact_visible(pos, cache.ring_pos)[0], attn.sinks)
+    return read(q, keys, values, cache.plan.ring.at(attn.grid, t, cache.ring_pos), attn.sinks)
 
 
 def _project(attn, plan: StepPlan, x: torch.Tensor, t: int):
@@ -169,17 +200,18 @@ def _complete(attn, cache: CompressedLayerCache, state: InFlight, j: int) -> Non
     state.live -= 1
 
 
-def read(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor | None,
+def read(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor | None,
          sinks: torch.Tensor | None) -> torch.Tensor:
-    """One query per head q (B, H, D) over keys, values (B, n_kv, N, D) read in place; `visible` (R,) bool
-    over the first R keys (the rest are all visible) or None; sinks (H,) attention-sink logits or None
-    -> z (B, H, 1, D): `blockwise.attend_parts` for one query over one key set."""
+    """One query per head q (B, H, D) over keys, values (B, n_kv, N, D) read in place; `hidden` (R,) bool marks
+    the first R keys the query does not see (it sees all the others), or None; sinks (H,) attention-sink logits
+    or None -> z (B, H, 1, D): `blockwise.attend_parts` for one query over one key set."""
     B, H, D = q.shape
-    n_kv = keys.shape[1]
-    s = (q.view(B, n_kv, H // n_kv, D) * D**-0.5) @ keys.transpose(-1, -2)  # (B, n_kv, g, N)
-    if visible is not None:
-        s[..., : visible.shape[0]].masked_fill_(~visible, float("-inf"))
-    if sinks is None:
-        return (s.softmax(-1) @ values).view(B, H, 1, D)
-    s = torch.cat([s, sinks.to(s.dtype).view(1, n_kv, H // n_kv, 1).expand(B, -1, -1, 1)], -1)
-    return (s.softmax(-1)[..., :-1] @ values).view(B, H, 1, D)  # the sink's share is dropped: it adds no value
+    n_kv, N = keys.shape[1:3]
+    qg = (q * D**-0.5).view(B * n_kv, H // n_kv, D)  # query heads grouped by the KV head they read
+    s = torch.bmm(qg, keys.reshape(B * n_kv, N, D).transpose(1, 2))  # (B n_kv, g, N); views, no copy
+    if hidden is not None:
+        s[..., : hidden.shape[0]].masked_fill_(hidden, float("-inf"))
+    if sinks is not None:
+        sink = sinks.to(s.dtype).view(1, n_kv, H // n_kv, 1).expand(B, -1, -1, -1).reshape(B * n_kv, -1, 1)
+        s = torch.cat([s, sink], -1)  # the sink's share is dropped below: it adds no value
+    return torch.bmm(s.softmax(-1)[..., :N], values.reshape(B * n_kv, N, D)).view(B, H, 1, D)

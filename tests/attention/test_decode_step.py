@@ -6,6 +6,7 @@ import torch
 
 from phasekv import ModelConfig, PhaseLM
 from phasekv.attention import blockwise, decode
+from phasekv.attention.positions import Grid
 from phasekv.attention.rope import Rope
 from phasekv.config.names import PAPER_GRID
 from tests.attention.variants import V4_VARIANTS
@@ -66,7 +67,21 @@ def test_read_equals_attend_parts(sinks):
     q, keys, values = torch.randn(B, H, D), torch.randn(B, n_kv, N, D), torch.randn(B, n_kv, N, D)
     visible = torch.tensor([True, False, True, True, False, True])
     sink = torch.randn(H) if sinks else None
-    z = decode.read(q, keys, values, visible, sink)
+    z = decode.read(q, keys, values, ~visible, sink)
     ref = blockwise.attend_parts(q[:, :, None], [(keys[:, :, :R], values[:, :, :R], visible[None]),
                                                   (keys[:, :, R:], values[:, :, R:], None)], sink)
     assert (z - ref).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("grid", [Grid(8, 8), Grid(8, 4, offset=-4, local_window=None), Grid(6, 3, offset=2, local_window=5),
+                                  Grid(5, 2, local_window=None), Grid(8, 8, offset=3, local_window=None)])
+def test_ring_masks_follow_grid(grid):
+    """The step's periodic ring masks are `Grid.exact_visible` over what the ring holds after each token."""
+    masks, keep = decode.RingMasks.build(grid, torch.device("cpu")), grid.exact_keep
+    ring = torch.full((keep,), -(2**40))
+    for t in range(120):
+        ring[t % keep] = t
+        pos = torch.tensor([t])
+        hidden = masks.at(grid, t, ring)
+        want = ~grid.exact_visible(pos, ring)[0]
+        assert torch.equal(torch.zeros(keep, dtype=torch.bool) if hidden is None else hidden, want), t
