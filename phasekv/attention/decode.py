@@ -195,7 +195,8 @@ def _complete(attn, cache: CompressedLayerCache, state: InFlight, j: int) -> Non
     if cache.entries_v is not None:
         cache.entries_v.append(ev)
     for x, empty in ((p.m, float("-inf")), (p.z, 0.0), (p.acc, 0.0)):
-        x[:, :, :-1] = x[:, :, 1:].clone()
+        if x.shape[2] > 1:
+            x[:, :, :-1] = x[:, :, 1:].clone()
         x[:, :, -1] = empty
     state.live -= 1
 
