@@ -58,7 +58,7 @@ class Growable:
 
     def whole(self) -> torch.Tensor:
         """Leading slots and appended values, (B, n_kv, lead + n, d_head): one view, no copy."""
-        return self.buf[:, :, : self.lead + self.n]
+        return self.buf.narrow(2, 0, self.lead + self.n)
 
     @property
     def nbytes(self) -> int:
@@ -142,9 +142,9 @@ class CompressedLayerCache:
         """`write_exact` of one token k, v (B, n_kv, d_head) at position t, without index tensors."""
         self._allocate(k, v)
         slot = t % self.grid.exact_keep
-        self.entries_k.buf[:, :, slot] = k
+        self.entries_k.buf.select(2, slot).copy_(k)
         if self.entries_v is not None:
-            self.entries_v.buf[:, :, slot] = v
+            self.entries_v.buf.select(2, slot).copy_(v)
         self.ring_pos[slot] = t
 
     def ring(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

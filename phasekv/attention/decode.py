@@ -12,8 +12,8 @@ branch, as one matrix whose bias holds the gate biases. A step (`step`) then
   ([ring | entries]): one score matmul, `Grid`'s mask on the ring slots, one softmax, one value matmul.
 The reference is the chunk path (`Attention._extend_entries` over `CompressorBranch.token_partial`,
 `blockwise.decode_attention`). It runs under autograd (the plan holds copies of weights), under
-`blockwise.use_backend("reference")`, for W not a multiple of S, and for a grid's first tokens (windows that
-start before position 0 or after the token): tests hold the two equal for every variant.
+`blockwise.use_backend("reference")`, for W not a multiple of S, and for a grid's first tokens (fewer than W/S
+windows hold them): tests hold the two equal for every variant and every mix of chunks and single tokens.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ class PhaseRows:
     """A compressed layer's compressor rows by phase: payloads (n_br, k, n_kv, D) then gate logits (n_br, k,
     n_kv, G) of the k = W/S windows a token belongs to, oldest first, as `F.linear(h, rows[phi], bias[phi])`."""
 
-    rows: torch.Tensor  # (S, n_br * k * n_kv * (D + G'), d); G' = G, or 0 without gates (uniform averaging)
-    bias: torch.Tensor  # (S, n_br * k * n_kv * (D + G')): zeros on payload rows, the gate biases
+    rows: list[torch.Tensor]  # per phase (n_br * k * n_kv * (D + G'), d); G' = G, or 0 without gates (uniform)
+    bias: list[torch.Tensor]  # per phase (n_br * k * n_kv * (D + G'),): zeros on payload rows, the gate biases
     shape: tuple[int, int, int, int, int]  # (n_br, k, n_kv, D, G) of the in-flight partials
     gated: bool
 
@@ -66,7 +66,7 @@ class PhaseRows:
                                       for p in params]).flatten())
             rows.append(torch.cat(r))
             bias.append(torch.cat(b))
-        return cls(torch.stack(rows), torch.stack(bias), (len(params), k, n_kv, D, G), gate is not None)
+        return cls(rows, bias, (len(params), k, n_kv, D, G), gate is not None)
 
 
 @dataclass
@@ -102,16 +102,18 @@ class StepPlan:
 
     qkv: torch.Tensor  # (H D + n_kv D [+ n_kv D], d): q_proj, k_proj [, v_proj] rows
     qk_norm: torch.Tensor | None  # (H + n_kv, D): q_norm's weight per query head, then k_norm's per KV head
+    # the attention scale D^-0.5 is in q's rows: of qk_norm's weight, or of qkv without QK-norm (RoPE is linear)
     phases: PhaseRows | None  # compressed layers with W = kS
     ring: RingMasks | None  # compressed layers
 
     @classmethod
     def build(cls, attn) -> StepPlan:
         H, n_kv, D = attn.cfg.n_heads, attn.cfg.n_kv_heads, attn.cfg.head_dim
-        qkv = torch.cat([lin.weight for lin in (attn.q_proj, attn.k_proj, attn.v_proj) if lin is not None])
+        q_rows = attn.q_proj.weight if attn.cfg.qk_norm else attn.q_proj.weight * D**-0.5
+        qkv = torch.cat([q_rows] + [lin.weight for lin in (attn.k_proj, attn.v_proj) if lin is not None])
         norm = None
         if attn.cfg.qk_norm:
-            norm = torch.cat([attn.q_norm.weight.expand(H, D), attn.k_norm.weight.expand(n_kv, D)])
+            norm = torch.cat([attn.q_norm.weight.expand(H, D) * D**-0.5, attn.k_norm.weight.expand(n_kv, D)])
         if attn.compressor is None:
             return cls(qkv, norm, None, None)
         return cls(qkv, norm, PhaseRows.build(attn.compressor), RingMasks.build(attn.grid, qkv.device))
@@ -122,13 +124,13 @@ def step(attn, h: torch.Tensor, pos: torch.Tensor, cache: FullLayerCache | Compr
     outputs z (B, H, 1, D), as the reference chunk path gives them."""
     if cache.plan is None:
         cache.plan = StepPlan.build(attn)
-    t = int(pos[0])
-    q, k, v = _project(attn, cache.plan, h[:, 0], t)  # (B, H, D), (B, n_kv, D), (B, n_kv, D)
+    t, x = int(pos[0]), h.select(1, 0)  # x (B, d)
+    q, k, v = _project(attn, cache.plan, x, t)  # q (B, H, D) scaled by D^-0.5; k, v (B, n_kv, D)
     if attn.compressor is None:
         cache.k.append(k[:, :, None])
         cache.v.append(v[:, :, None])
         return read(q, cache.k.whole(), cache.v.whole(), None, None)  # full layers have no sink (as `_full`)
-    if not extend(attn, cache.plan.phases, cache, h[:, 0], t):
+    if not extend(attn, cache.plan.phases, cache, x, t):
         attn._extend_entries(h, pos, cache)
     cache.write_token(k, v, t)
     keys = cache.entries_k.whole()  # (B, n_kv, keep + n, D): the ring, then every entry (all complete by t)
@@ -137,16 +139,16 @@ def step(attn, h: torch.Tensor, pos: torch.Tensor, cache: FullLayerCache | Compr
 
 
 def _project(attn, plan: StepPlan, x: torch.Tensor, t: int):
-    """q (B, H, D), k, v (B, n_kv, D) of tokens x (B, d) at position t: normalised, rotated; tied values are
-    the keys."""
+    """q (B, H, D), k, v (B, n_kv, D) of tokens x (B, d) at position t: normalised, rotated (q also scaled by
+    D^-0.5 for `read`); tied values are the keys."""
     B, H, n_kv, D = x.shape[0], attn.cfg.n_heads, attn.cfg.n_kv_heads, attn.cfg.head_dim
     y = F.linear(x, plan.qkv)  # (B, (H + n_kv [+ n_kv]) D)
-    qk = y[:, : (H + n_kv) * D].view(B, H + n_kv, D)
+    qk = y.narrow(1, 0, (H + n_kv) * D).view(B, H + n_kv, D)
     if plan.qk_norm is not None:
         qk = rms_norm(qk, plan.qk_norm, attn.cfg.norm_eps)  # q_norm and k_norm in one
     qk = attn._rope.at(qk, t)  # (B, H + n_kv, D)
-    k = qk[:, H:]
-    return qk[:, :H], k, (k if attn.v_proj is None else y[:, (H + n_kv) * D :].view(B, n_kv, D))
+    k = qk.narrow(1, H, n_kv)
+    return qk.narrow(1, 0, H), k, (k if attn.v_proj is None else y.narrow(1, (H + n_kv) * D, n_kv * D).view(B, n_kv, D))
 
 
 def extend(attn, phases: PhaseRows | None, cache: CompressedLayerCache, x: torch.Tensor, t: int) -> bool:
@@ -160,8 +162,9 @@ def extend(attn, phases: PhaseRows | None, cache: CompressedLayerCache, x: torch
     state = cache.inflight or _inflight(cache.partials, phases, x)
     p, (n_br, k, n_kv, D, G) = state.p, phases.shape
     y = F.linear(x, phases.rows[phi], phases.bias[phi])  # (B, n_br k n_kv (D + G'))
-    payload = y[:, : n_br * k * n_kv * D].view(-1, n_br, k, n_kv, D)
-    s = y[:, n_br * k * n_kv * D :].view(-1, n_br, k, n_kv, G) if phases.gated else y.new_zeros(())
+    P = n_br * k * n_kv * D
+    payload = y.narrow(1, 0, P).view(-1, n_br, k, n_kv, D)
+    s = y.narrow(1, P, y.shape[1] - P).view(-1, n_br, k, n_kv, G) if phases.gated else y.new_zeros(())
     m = torch.maximum(p.m, s)  # (B, n_br, k, n_kv, G); finite: s is
     a, b = (p.m - m).exp_(), (s - m).exp_()  # a = 0 in a window that saw no token yet
     p.z.mul_(a).add_(b)
@@ -203,12 +206,12 @@ def _complete(attn, cache: CompressedLayerCache, state: InFlight, j: int) -> Non
 
 def read(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor | None,
          sinks: torch.Tensor | None) -> torch.Tensor:
-    """One query per head q (B, H, D) over keys, values (B, n_kv, N, D) read in place; `hidden` (R,) bool marks
+    """One query per head q (B, H, D), scaled by D^-0.5, over keys, values (B, n_kv, N, D) read in place; `hidden` (R,) bool marks
     the first R keys the query does not see (it sees all the others), or None; sinks (H,) attention-sink logits
     or None -> z (B, H, 1, D): `blockwise.attend_parts` for one query over one key set."""
     B, H, D = q.shape
     n_kv, N = keys.shape[1:3]
-    qg = (q * D**-0.5).view(B * n_kv, H // n_kv, D)  # query heads grouped by the KV head they read
+    qg = q.reshape(B * n_kv, H // n_kv, D)  # query heads grouped by the KV head they read
     s = torch.bmm(qg, keys.reshape(B * n_kv, N, D).transpose(1, 2))  # (B n_kv, g, N); views, no copy
     if hidden is not None:
         s[..., : hidden.shape[0]].masked_fill_(hidden, float("-inf"))

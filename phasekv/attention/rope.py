@@ -57,8 +57,9 @@ class Rope:
             return x
         dtype = x.dtype if self.layout == "leading" else torch.float32  # V4 rotates in fp32
         cos, sin, R = _step_tables(self, x.shape[-1], max(1024, 1 << t.bit_length()), x.device, dtype)
-        y = x.to(dtype)
-        return (y * cos[t] + (y @ R) * sin[t]).to(x.dtype)
+        y = x if x.dtype == dtype else x.to(dtype)
+        out = y * cos[t] + (y @ R) * sin[t]
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
     def _spread(self, a: torch.Tensor) -> torch.Tensor:
         """(..., r/2) values per rotated pair -> (..., r) per rotated dim, in the layout's pairing."""

@@ -67,7 +67,7 @@ def test_read_equals_attend_parts(sinks):
     q, keys, values = torch.randn(B, H, D), torch.randn(B, n_kv, N, D), torch.randn(B, n_kv, N, D)
     visible = torch.tensor([True, False, True, True, False, True])
     sink = torch.randn(H) if sinks else None
-    z = decode.read(q, keys, values, ~visible, sink)
+    z = decode.read(q * D**-0.5, keys, values, ~visible, sink)
     ref = blockwise.attend_parts(q[:, :, None], [(keys[:, :, :R], values[:, :, :R], visible[None]),
                                                   (keys[:, :, R:], values[:, :, R:], None)], sink)
     assert (z - ref).abs().max() <= 1e-5
