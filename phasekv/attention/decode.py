@@ -215,7 +215,9 @@ def read(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, hidden: torc
     s = torch.bmm(qg, keys.reshape(B * n_kv, N, D).transpose(1, 2))  # (B n_kv, g, N); views, no copy
     if hidden is not None:
         s[..., : hidden.shape[0]].masked_fill_(hidden, float("-inf"))
-    if sinks is not None:
+    if sinks is None:
+        p = s.softmax(-1)
+    else:  # the sink joins the softmax; its share is dropped: it adds no value
         sink = sinks.to(s.dtype).view(1, n_kv, H // n_kv, 1).expand(B, -1, -1, -1).reshape(B * n_kv, -1, 1)
-        s = torch.cat([s, sink], -1)  # the sink's share is dropped below: it adds no value
-    return torch.bmm(s.softmax(-1)[..., :N], values.reshape(B * n_kv, N, D)).view(B, H, 1, D)
+        p = torch.cat([s, sink], -1).softmax(-1).narrow(2, 0, N)
+    return torch.bmm(p, values.reshape(B * n_kv, N, D)).view(B, H, 1, D)
