@@ -158,8 +158,8 @@ class CompressedLayerCache:
     @property
     def nbytes(self) -> int:
         entries = self.entries_k.nbytes + (0 if self.entries_v is None else self.entries_v.nbytes)
-        partials = sum(p.nbytes for p in self.inflight.branches()) if self.inflight else \
-            sum(p.nbytes for p in self._partials) if self._partials else 0
+        in_flight = self.inflight.branches() if self.inflight else self._partials or []
+        partials = sum(p.nbytes for p in in_flight)
         ring = 0
         if self.ring_pos is not None:
             per_slot = _nbytes(self.entries_k.buf) // self.entries_k.buf.shape[2]

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 LAYOUTS = ("leading", "trailing")
+STEP_BLOCK = 1024  # positions per table of `Rope.at` (a decode step's RoPE)
 
 
 @functools.lru_cache(maxsize=64)
@@ -56,9 +57,9 @@ class Rope:
         if self.dims == 0:
             return x
         dtype = x.dtype if self.layout == "leading" else torch.float32  # V4 rotates in fp32
-        cos, sin, R = _step_tables(self, x.shape[-1], max(1024, 1 << t.bit_length()), x.device, dtype)
+        cos, sin, R = _step_tables(self, x.shape[-1], t // STEP_BLOCK, x.device, dtype)
         y = x if x.dtype == dtype else x.to(dtype)
-        out = y * cos[t] + (y @ R) * sin[t]
+        out = y * cos[t % STEP_BLOCK] + (y @ R) * sin[t % STEP_BLOCK]
         return out if out.dtype == x.dtype else out.to(x.dtype)
 
     def _spread(self, a: torch.Tensor) -> torch.Tensor:
@@ -73,12 +74,14 @@ class Rope:
         return torch.stack([-xr[..., 1::2], xr[..., 0::2]], dim=-1).flatten(-2)
 
 
-@functools.lru_cache(maxsize=16)
-def _step_tables(rope: Rope, D: int, n: int, device: torch.device, dtype: torch.dtype):
-    """cos, sin (n, D) of positions 0..n-1 over all D head dims (1 and 0 on the unrotated ones) and R (D, D) with
-    x R = the rotated dims' `Rope._rotate` (0 elsewhere): what `Rope.at` reads, made once per table size."""
+@functools.lru_cache(maxsize=32)
+def _step_tables(rope: Rope, D: int, block: int, device: torch.device, dtype: torch.dtype):
+    """cos, sin (STEP_BLOCK, D) of the positions of block `block` over all D head dims (1 and 0 on the unrotated
+    ones) and R (D, D) with x R = the rotated dims' `Rope._rotate` (0 elsewhere): what `Rope.at` reads, made
+    once per block of positions."""
     with torch.inference_mode(False), torch.no_grad():  # plain tensors even if first asked for in inference mode
-        cos, sin = (rope._spread(a) for a in rope_angles(torch.arange(n, device=device), rope.dims, rope.theta))
+        pos = torch.arange(block * STEP_BLOCK, (block + 1) * STEP_BLOCK, device=device)
+        cos, sin = (rope._spread(a) for a in rope_angles(pos, rope.dims, rope.theta))
         lo = 0 if rope.layout == "leading" else D - rope.dims  # first rotated dim
         pad = (lo, D - lo - rope.dims)
         cos, sin = F.pad(cos, pad, value=1.0), F.pad(sin, pad)  # (n, D)
