@@ -82,12 +82,9 @@ class RingMasks:
     def build(cls, grid: Grid, device: torch.device) -> RingMasks:
         keep = grid.exact_keep
         t0 = max(keep - 1, grid.offset + grid.window - 1, 0)
-        hidden = []
-        for t in range(t0, t0 + math.lcm(keep, grid.stride)):
-            slots = torch.arange(keep, device=device)
-            h = ~grid.exact_visible(torch.tensor([t], device=device), t - (t - slots) % keep)[0]
-            hidden.append(h if h.any() else None)
-        return cls(t0, hidden)
+        t = torch.arange(t0, t0 + math.lcm(keep, grid.stride), device=device)[:, None]  # (period, 1)
+        hidden = ~grid.sees_exact(t, t - (t - torch.arange(keep, device=device)) % keep)  # (period, keep)
+        return cls(t0, [h if hides else None for h, hides in zip(hidden, hidden.any(1).tolist(), strict=True)])
 
     def at(self, grid: Grid, t: int, ring_pos: torch.Tensor) -> torch.Tensor | None:
         """(keep,) bool: the ring slots (positions ring_pos) the query at t does not see, or None."""
