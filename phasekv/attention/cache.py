@@ -33,14 +33,15 @@ class Growable:
     def allocate(self, like: torch.Tensor) -> None:
         """Make the buffer for values shaped like `like` (B, n_kv, *, d_head) if there is none yet."""
         if self.buf is None:
-            self.buf = like.new_zeros(like.shape[0], like.shape[1], self.lead + 64, like.shape[-1])
+            self.buf = like.new_empty(like.shape[0], like.shape[1], self.lead + 64, like.shape[-1])
+            self.buf[:, :, : self.lead] = 0  # unwritten ring slots are masked; zeros keep their weight-0 values finite
 
     def append(self, x: torch.Tensor) -> None:  # x (B, n_kv, k, d_head)
         k = x.shape[2]
         self.allocate(x)
         end = self.lead + self.n
         if end + k > self.buf.shape[2]:
-            grown = self.buf.new_zeros(*self.buf.shape[:2], max(2 * self.buf.shape[2], end + k), self.buf.shape[3])
+            grown = self.buf.new_empty(*self.buf.shape[:2], max(2 * self.buf.shape[2], end + k), self.buf.shape[3])
             grown[:, :, :end] = self.buf[:, :, :end]
             self.buf = grown
         self.buf[:, :, end : end + k] = x
