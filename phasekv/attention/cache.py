@@ -82,10 +82,10 @@ class FullLayerCache:
 
 @dataclass
 class InFlight:
-    """The in-flight partials as a decode step updates them in place: the W/S windows a token belongs to,
-    oldest first, every branch stacked (`decode.extend`)."""
+    """The in-flight partials as a decode step updates them in place: one slot per window a token may belong
+    to, oldest first (the started windows, then empty slots), every branch stacked (`decode.extend`)."""
 
-    p: Partial  # m, z (B, n_branches, W/S, n_kv, G); acc (B, n_branches, W/S, n_kv, d_head)
+    p: Partial  # m, z (B, n_branches, ceil(W/S), n_kv, G); acc (B, n_branches, ceil(W/S), n_kv, d_head)
     live: int  # windows started; the newest slot is empty (m = -inf) between a completion and its first token
 
     def branches(self) -> list[Partial]:

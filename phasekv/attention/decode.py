@@ -1,10 +1,10 @@
 """The one-token decode step: a few fused ops per layer instead of a few hundred small ones.
 
 `StepPlan` holds, once per cache, the weights a step reads in the layout it reads them: the q, k, v
-projections as one matrix, the q/k norms as one weight over the stacked heads and, for a compressed layer
-whose window is a whole number of strides (W = kS), the compressor rows of every phase: for a token at phase
-phi of its oldest window, the payload and gate rows of the offsets it fills in each of its k windows, of every
-branch, as one matrix whose bias holds the gate biases. A step (`step`) then
+projections as one matrix, the q/k norms as one weight over the stacked heads and, for a compressed layer, the
+compressor rows of every phase: for a token at phase phi of its oldest in-flight window, the payload and gate
+rows of the offsets it fills in each window it belongs to, of every branch, as one matrix whose bias holds the
+gate biases. A step (`step`) then
 - projects the token: q, k, v in one matmul, every in-flight window's payloads and gate logits in another;
 - merges it into the in-flight partials in place (`cache.InFlight`: `Partial.merge` for a side whose logits are
   finite), completing the oldest window at its last token;
@@ -12,8 +12,8 @@ branch, as one matrix whose bias holds the gate biases. A step (`step`) then
   ([ring | entries]): one score matmul, `Grid`'s mask on the ring slots, one softmax, one value matmul.
 The reference is the chunk path (`Attention._extend_entries` over `CompressorBranch.token_partial`,
 `blockwise.decode_attention`). It runs under autograd (the plan holds copies of weights), under
-`blockwise.use_backend("reference")`, for W not a multiple of S, and for a grid's first tokens (fewer than W/S
-windows hold them): tests hold the two equal for every variant and every mix of chunks and single tokens.
+`blockwise.use_backend("reference")`, and for a grid's first tokens (fewer windows than their phase's hold them):
+tests hold the two equal for every variant and every mix of chunks and single tokens.
 """
 
 from __future__ import annotations
@@ -38,35 +38,37 @@ def enabled() -> bool:
 
 @dataclass
 class PhaseRows:
-    """A compressed layer's compressor rows by phase: payloads (n_br, k, n_kv, D) then gate logits (n_br, k,
-    n_kv, G) of the k = W/S windows a token belongs to, oldest first, as `F.linear(h, rows[phi], bias[phi])`."""
+    """A compressed layer's compressor rows by phase phi (the token's offset in its oldest in-flight window, less
+    W - S): payloads (n_br, n, n_kv, D) then gate logits (n_br, n, n_kv, G) of the n = slots[phi] windows the token
+    belongs to, oldest first, as `F.linear(h, rows[phi], bias[phi])`."""
 
-    rows: list[torch.Tensor]  # per phase (n_br * k * n_kv * (D + G'), d); G' = G, or 0 without gates (uniform)
-    bias: list[torch.Tensor]  # per phase (n_br * k * n_kv * (D + G'),): zeros on payload rows, the gate biases
-    shape: tuple[int, int, int, int, int]  # (n_br, k, n_kv, D, G) of the in-flight partials
+    rows: list[torch.Tensor]  # per phase (n_br * n * n_kv * (D + G'), d); G' = G, or 0 without gates (uniform)
+    bias: list[torch.Tensor]  # per phase (n_br * n * n_kv * (D + G'),): zeros on payload rows, the gate biases
+    slots: list[int]  # per phase: n, the windows in flight (all of W/S when S divides W)
+    shape: tuple[int, int, int, int, int]  # (n_br, ceil(W/S), n_kv, D, G) of the in-flight partials
     gated: bool
 
     @classmethod
-    def build(cls, compressor: Compressor) -> PhaseRows | None:
+    def build(cls, compressor: Compressor) -> PhaseRows:
         W, S = compressor.window, compressor.stride
-        if W % S:
-            return None
         params = [b.offset_params() for b in compressor.branches()]
         payload, gate, _ = params[0]  # (W, n_kv, D, d), (W, n_kv, G, d) or None
-        (n_kv, D, d), k = payload.shape[1:], W // S
+        n_kv, D, d = payload.shape[1:]
         G = 1 if gate is None else gate.shape[2]
-        rows, bias = [], []
+        rows, bias, slots = [], [], []
         for phi in range(S):
-            offs = phi + S * torch.arange(k - 1, -1, -1, device=payload.device)  # slot i's offset, oldest first
-            pay = torch.stack([p[0][offs] for p in params])  # (n_br, k, n_kv, D, d)
+            n = (phi + W - S) // S + 1
+            offs = phi + W - S - S * torch.arange(n, device=payload.device)  # slot i's offset, oldest first
+            pay = torch.stack([p[0][offs] for p in params])  # (n_br, n, n_kv, D, d)
             r, b = [pay.reshape(-1, d)], [pay.new_zeros(pay.shape[:-1]).flatten()]
             if gate is not None:
-                r.append(torch.stack([p[1][offs] for p in params]).reshape(-1, d))  # (n_br * k * n_kv * G, d)
-                b.append(torch.stack([p[1].new_zeros(k, n_kv, G) if p[2] is None else p[2][offs]
+                r.append(torch.stack([p[1][offs] for p in params]).reshape(-1, d))  # (n_br * n * n_kv * G, d)
+                b.append(torch.stack([p[1].new_zeros(n, n_kv, G) if p[2] is None else p[2][offs]
                                       for p in params]).flatten())
             rows.append(torch.cat(r))
             bias.append(torch.cat(b))
-        return cls(rows, bias, (len(params), k, n_kv, D, G), gate is not None)
+            slots.append(n)
+        return cls(rows, bias, slots, (len(params), -(-W // S), n_kv, D, G), gate is not None)
 
 
 @dataclass
@@ -100,7 +102,7 @@ class StepPlan:
     qkv: torch.Tensor  # (H D + n_kv D [+ n_kv D], d): q_proj, k_proj [, v_proj] rows
     qk_norm: torch.Tensor | None  # (H + n_kv, D): q_norm's weight per query head, then k_norm's per KV head
     # the attention scale D^-0.5 is in q's rows: of qk_norm's weight, or of qkv without QK-norm (RoPE is linear)
-    phases: PhaseRows | None  # compressed layers with W = kS
+    phases: PhaseRows | None  # compressed layers
     ring: RingMasks | None  # compressed layers
 
     @classmethod
@@ -127,7 +129,7 @@ def step(attn, h: torch.Tensor, pos: torch.Tensor, cache: FullLayerCache | Compr
         cache.k.append(k[:, :, None])
         cache.v.append(v[:, :, None])
         return read(q, cache.k.whole(), cache.v.whole(), None, None)  # full layers have no sink (as `_full`)
-    if not extend(attn, cache.plan.phases, cache, x, t):
+    if not extend(attn, cache.plan.phases, cache, x, t):  # a grid's first tokens
         attn._extend_entries(h, pos, cache)
     cache.write_token(k, v, t)
     keys = cache.entries_k.whole()  # (B, n_kv, keep + n, D): the ring, then every entry (all complete by t)
@@ -148,26 +150,27 @@ def _project(attn, plan: StepPlan, x: torch.Tensor, t: int):
     return qk.narrow(1, 0, H), k, (k if attn.v_proj is None else y.narrow(1, (H + n_kv) * D, n_kv * D).view(B, n_kv, D))
 
 
-def extend(attn, phases: PhaseRows | None, cache: CompressedLayerCache, x: torch.Tensor, t: int) -> bool:
-    """Feed one token x (B, d) at position t to its W/S in-flight windows in place, storing the entry it
-    completes. False (nothing done) where the windows holding t are not the W/S ones from `n_entries` on."""
+def extend(attn, phases: PhaseRows, cache: CompressedLayerCache, x: torch.Tensor, t: int) -> bool:
+    """Feed one token x (B, d) at position t to its in-flight windows in place, storing the entry it completes.
+    False (nothing done) for a grid's first tokens, where fewer windows than the phase's hold t."""
     g = attn.grid
     j = cache.n_entries  # oldest window not yet complete
-    if phases is None or g.n_started(t + 1) - j != phases.shape[1]:
-        return False
     phi = t - g.entry_start(j) - g.window + g.stride  # the token's offset in window j, less W - S
+    if not 0 <= phi < g.stride or g.n_started(t + 1) - j != phases.slots[phi]:
+        return False
     state = cache.inflight or _inflight(cache.partials, phases, x)
-    p, (n_br, k, n_kv, D, G) = state.p, phases.shape
-    y = F.linear(x, phases.rows[phi], phases.bias[phi])  # (B, n_br k n_kv (D + G'))
-    P = n_br * k * n_kv * D
-    payload = y.narrow(1, 0, P).view(-1, n_br, k, n_kv, D)
-    s = y.narrow(1, P, y.shape[1] - P).view(-1, n_br, k, n_kv, G) if phases.gated else y.new_zeros(())
-    m = torch.maximum(p.m, s)  # (B, n_br, k, n_kv, G); finite: s is
-    a, b = (p.m - m).exp_(), (s - m).exp_()  # a = 0 in a window that saw no token yet
-    p.z.mul_(a).add_(b)
-    p.acc.mul_(a).addcmul_(b, payload)
-    p.m, state.live = m, k
-    cache.inflight = state
+    n, (n_br, _, n_kv, D, G) = phases.slots[phi], phases.shape
+    m_old, z, acc = (v.narrow(2, 0, n) for v in (state.p.m, state.p.z, state.p.acc))  # the token's windows
+    y = F.linear(x, phases.rows[phi], phases.bias[phi])  # (B, n_br n n_kv (D + G'))
+    P = n_br * n * n_kv * D
+    payload = y.narrow(1, 0, P).view(-1, n_br, n, n_kv, D)
+    s = y.narrow(1, P, y.shape[1] - P).view(-1, n_br, n, n_kv, G) if phases.gated else y.new_zeros(())
+    m = torch.maximum(m_old, s)  # (B, n_br, n, n_kv, G); finite: s is
+    a, b = (m_old - m).exp_(), (s - m).exp_()  # a = 0 in a window that saw no token yet
+    z.mul_(a).add_(b)
+    acc.mul_(a).addcmul_(b, payload)
+    m_old.copy_(m)
+    cache.inflight, state.live = state, n
     if phi == g.stride - 1:  # the token is window j's last
         _complete(attn, cache, state, j)
     return True

@@ -85,3 +85,18 @@ def test_ring_masks_follow_grid(grid):
         hidden = masks.at(grid, t, ring)
         want = ~grid.exact_visible(pos, ring)[0]
         assert torch.equal(torch.zeros(keep, dtype=torch.bool) if hidden is None else hidden, want), t
+
+
+@pytest.mark.parametrize("name", ["W8/S6 · 1 KV", "W5/S2 · 1 KV · uncompressed tail · vector gates",
+                                  "W8/S4 · 2 KV · staggered windows · uniform averaging", "W8/S4 · 1 KV · V4 compressor"])
+def test_step_updates_windows_in_place(name, monkeypatch):
+    """Past a grid's first tokens, one-token steps never fall back to the reference compressor update (any W, S)."""
+    from phasekv.attention.attention import Attention
+
+    calls = []
+    reference = Attention._extend_entries
+    monkeypatch.setattr(Attention, "_extend_entries", lambda self, h, pos, cache: calls.append(int(pos[0])) or
+                        reference(self, h, pos, cache))
+    cfg = ModelConfig.from_name(name, **SMALL)
+    run(PhaseLM(cfg).eval(), torch.randint(0, 61, (1, 60)), list(range(1, 61)), reference=False)
+    assert all(t < cfg.window + cfg.stride for t in calls), calls
