@@ -82,16 +82,36 @@ class FullLayerCache:
 
 @dataclass
 class InFlight:
-    """The in-flight partials as a decode step updates them in place: one slot per window a token may belong
-    to, oldest first (the started windows, then empty slots), every branch stacked (`decode.extend`)."""
+    """The in-flight partials as a decode step updates them in place (`decode.extend`): per window, the log of its
+    softmax normaliser and its softmax-weighted mean payload so far, so that a token merges in with one logaddexp
+    and one lerp. One slot per window a token may belong to, oldest first (the started windows, then empty
+    slots), every branch stacked."""
 
-    p: Partial  # m, z (B, n_branches, ceil(W/S), n_kv, G); acc (B, n_branches, ceil(W/S), n_kv, d_head)
-    live: int  # windows started; the newest slot is empty (m = -inf) between a completion and its first token
+    lse: torch.Tensor  # (B, n_branches, ceil(W/S), n_kv, G): log sum_i exp(s_i); -inf in an empty slot
+    mean: torch.Tensor  # (B, n_branches, ceil(W/S), n_kv, d_head): sum_i softmax_i C_i h_i; 0 in an empty slot
+    live: int  # windows started
+
+    @classmethod
+    def of(cls, partials: list[Partial] | None, shape: tuple[int, ...], like: torch.Tensor) -> InFlight:
+        """The reference's per-branch partials of windows n_entries.. (each has seen a token) in slots of
+        shape (B, n_branches, slots, n_kv, G, d_head), with `like`'s dtype and device."""
+        B, n_br, slots, n_kv, G, D = shape
+        lse = like.new_full((B, n_br, slots, n_kv, G), float("-inf"))
+        mean = like.new_zeros(B, n_br, slots, n_kv, D)
+        live = partials[0].m.shape[1] if partials else 0
+        if live:
+            lse[:, :, :live] = torch.stack([p.m + p.z.log() for p in partials], 1)
+            mean[:, :, :live] = torch.stack([p.acc / p.z for p in partials], 1)
+        return cls(lse, mean, live)
+
+    def partials(self, slots: slice) -> list[Partial]:
+        """Per branch, these slots as `Partial`s (m = lse, z = 1 where a token was seen else 0, acc = mean)."""
+        z = self.lse[:, :, slots].isfinite().to(self.mean.dtype)
+        return [Partial(self.lse[:, b, slots], z[:, b], self.mean[:, b, slots]) for b in range(self.lse.shape[1])]
 
     def branches(self) -> list[Partial]:
-        """One Partial per branch over the started windows (the form `Attention._extend_entries` keeps)."""
-        return [Partial(*(x[:, b, : self.live] for x in (self.p.m, self.p.z, self.p.acc)))
-                for b in range(self.p.m.shape[1])]
+        """The started windows' partials per branch: the form `Attention._extend_entries` keeps."""
+        return self.partials(slice(0, self.live))
 
 
 class CompressedLayerCache:

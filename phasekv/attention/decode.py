@@ -6,8 +6,8 @@ compressor rows of every phase: for a token at phase phi of its oldest in-flight
 rows of the offsets it fills in each window it belongs to, of every branch, as one matrix whose bias holds the
 gate biases. A step (`step`) then
 - projects the token: q, k, v in one matmul, every in-flight window's payloads and gate logits in another;
-- merges it into the in-flight partials in place (`cache.InFlight`: `Partial.merge` for a side whose logits are
-  finite), completing the oldest window at its last token;
+- merges it into the in-flight windows in place (`cache.InFlight`: log-normaliser and weighted mean, the same
+  streaming softmax as `Partial.merge`), completing the oldest window at its last token;
 - writes k, v into the ring first, so that the keys the query may see are one contiguous view of the cache
   ([ring | entries]): one score matmul, `Grid`'s mask on the ring slots, one softmax, one value matmul.
 The reference is the chunk path (`Attention._extend_entries` over `CompressorBranch.token_partial`,
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from phasekv.attention import blockwise
 from phasekv.attention.cache import CompressedLayerCache, FullLayerCache, InFlight
-from phasekv.attention.compressor import Compressor, Partial
+from phasekv.attention.compressor import Compressor
 from phasekv.attention.norm import rms_norm
 from phasekv.attention.positions import Grid
 
@@ -158,46 +158,30 @@ def extend(attn, phases: PhaseRows, cache: CompressedLayerCache, x: torch.Tensor
     phi = t - g.entry_start(j) - g.window + g.stride  # the token's offset in window j, less W - S
     if not 0 <= phi < g.stride or g.n_started(t + 1) - j != phases.slots[phi]:
         return False
-    state = cache.inflight or _inflight(cache.partials, phases, x)
-    n, (n_br, _, n_kv, D, G) = phases.slots[phi], phases.shape
-    m_old, z, acc = (v.narrow(2, 0, n) for v in (state.p.m, state.p.z, state.p.acc))  # the token's windows
+    n, (n_br, k, n_kv, D, G) = phases.slots[phi], phases.shape
+    state = cache.inflight or InFlight.of(cache.partials, (x.shape[0], n_br, k, n_kv, G, D), x)
+    lse_old, mean = state.lse.narrow(2, 0, n), state.mean.narrow(2, 0, n)  # the token's windows
     y = F.linear(x, phases.rows[phi], phases.bias[phi])  # (B, n_br n n_kv (D + G'))
     P = n_br * n * n_kv * D
     payload = y.narrow(1, 0, P).view(-1, n_br, n, n_kv, D)
     s = y.narrow(1, P, y.shape[1] - P).view(-1, n_br, n, n_kv, G) if phases.gated else y.new_zeros(())
-    m = torch.maximum(m_old, s)  # (B, n_br, n, n_kv, G); finite: s is
-    a, b = (m_old - m).exp_(), (s - m).exp_()  # a = 0 in a window that saw no token yet
-    z.mul_(a).add_(b)
-    acc.mul_(a).addcmul_(b, payload)
-    m_old.copy_(m)
+    lse = torch.logaddexp(lse_old, s)  # (B, n_br, n, n_kv, G)
+    mean.lerp_(payload, (s - lse).exp_())  # the token's share of each window's softmax so far (1 in a new one)
+    lse_old.copy_(lse)
     cache.inflight, state.live = state, n
     if phi == g.stride - 1:  # the token is window j's last
         _complete(attn, cache, state, j)
     return True
 
 
-def _inflight(partials: list[Partial] | None, phases: PhaseRows, x: torch.Tensor) -> InFlight:
-    """The reference's per-branch partials of windows n_entries.. in the step's slots (empty slots after them)."""
-    n_br, k, n_kv, D, G = phases.shape
-    m = x.new_full((x.shape[0], n_br, k, n_kv, G), float("-inf"))
-    z, acc = torch.zeros_like(m), x.new_zeros(x.shape[0], n_br, k, n_kv, D)
-    live = partials[0].m.shape[1] if partials else 0
-    if live:
-        for dst, src in ((m, "m"), (z, "z"), (acc, "acc")):
-            dst[:, :, :live] = torch.stack([getattr(p, src) for p in partials], 1)
-    return InFlight(Partial(m, z, acc), live)
-
-
 def _complete(attn, cache: CompressedLayerCache, state: InFlight, j: int) -> None:
     """Store entry j from the oldest slot, move the other windows one slot older and empty the newest."""
-    p = state.p
-    raw = [b.finalize(Partial(p.m[:, i, :1], p.z[:, i, :1], p.acc[:, i, :1]))  # (B, n_kv, 1, D) per branch
-           for i, b in enumerate(attn.compressor.branches())]
-    ek, ev = attn.compressor.entry_kv(raw, torch.full((1,), j, device=p.m.device), attn.k_norm)
+    raw = [b.finalize(p) for b, p in zip(attn.compressor.branches(), state.partials(slice(0, 1)), strict=True)]
+    ek, ev = attn.compressor.entry_kv(raw, torch.full((1,), j, device=state.lse.device), attn.k_norm)
     cache.entries_k.append(ek)
     if cache.entries_v is not None:
         cache.entries_v.append(ev)
-    for x, empty in ((p.m, float("-inf")), (p.z, 0.0), (p.acc, 0.0)):
+    for x, empty in ((state.lse, float("-inf")), (state.mean, 0.0)):
         if x.shape[2] > 1:
             x[:, :, :-1] = x[:, :, 1:].clone()
         x[:, :, -1] = empty
