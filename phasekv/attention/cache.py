@@ -94,7 +94,7 @@ class InFlight:
 
     @classmethod
     def of(cls, partials: list[Partial] | None, shape: tuple[int, ...], like: torch.Tensor) -> InFlight:
-        """The reference's per-branch partials of windows n_entries.. (each has seen a token) in slots of
+        """The reference's per-branch partials of windows n_entries.. in slots of
         shape (B, n_branches, slots, n_kv, G, d_head), with `like`'s dtype and device."""
         B, n_br, slots, n_kv, G, D = shape
         lse = like.new_full((B, n_br, slots, n_kv, G), float("-inf"))
@@ -102,7 +102,9 @@ class InFlight:
         live = partials[0].m.shape[1] if partials else 0
         if live:
             lse[:, :, :live] = torch.stack([p.m + p.z.log() for p in partials], 1)
-            mean[:, :, :live] = torch.stack([p.acc / p.z for p in partials], 1)
+            # z >= 1 once a window has seen a token (its max term is exp(0)); a staggered head's window may
+            # have none yet (z = 0, acc = 0): mean 0, as an empty slot
+            mean[:, :, :live] = torch.stack([p.acc / p.z.clamp_min(1.0) for p in partials], 1)
         return cls(lse, mean, live)
 
     def partials(self, slots: slice) -> list[Partial]:

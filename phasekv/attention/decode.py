@@ -49,9 +49,10 @@ class PhaseRows:
     gated: bool
 
     @classmethod
-    def build(cls, compressor: Compressor) -> PhaseRows:
+    def build(cls, compressor: Compressor, heads: slice | None = None) -> PhaseRows:
+        """The rows of the KV heads `heads` (all when None)."""
         W, S = compressor.window, compressor.stride
-        params = [b.offset_params() for b in compressor.branches()]
+        params = [b.head_params(heads) for b in compressor.branches()]
         payload, gate, _ = params[0]  # (W, n_kv, D, d), (W, n_kv, G, d) or None
         n_kv, D, d = payload.shape[1:]
         G = 1 if gate is None else gate.shape[2]
@@ -102,7 +103,7 @@ class StepPlan:
     qkv: torch.Tensor  # (H D + n_kv D [+ n_kv D], d): q_proj, k_proj [, v_proj] rows
     qk_norm: torch.Tensor | None  # (H + n_kv, D): q_norm's weight per query head, then k_norm's per KV head
     # the attention scale D^-0.5 is in q's rows: of qk_norm's weight, or of qkv without QK-norm (RoPE is linear)
-    phases: PhaseRows | None  # compressed layers
+    phases: list[tuple[int, PhaseRows]] | None  # compressed layers: (delay, rows) per group of heads (staggered)
     ring: RingMasks | None  # compressed layers
 
     @classmethod
@@ -115,7 +116,8 @@ class StepPlan:
             norm = torch.cat([attn.q_norm.weight.expand(H, D) * D**-0.5, attn.k_norm.weight.expand(n_kv, D)])
         if attn.compressor is None:
             return cls(qkv, norm, None, None)
-        return cls(qkv, norm, PhaseRows.build(attn.compressor), RingMasks.build(attn.grid, qkv.device))
+        groups = [(delay, PhaseRows.build(attn.compressor, heads)) for delay, heads in attn.compressor.head_groups()]
+        return cls(qkv, norm, groups, RingMasks.build(attn.grid, qkv.device))
 
 
 def step(attn, h: torch.Tensor, pos: torch.Tensor, cache: FullLayerCache | CompressedLayerCache) -> torch.Tensor:
@@ -150,24 +152,31 @@ def _project(attn, plan: StepPlan, x: torch.Tensor, t: int):
     return qk.narrow(1, 0, H), k, (k if attn.v_proj is None else y.narrow(1, (H + n_kv) * D, n_kv * D).view(B, n_kv, D))
 
 
-def extend(attn, phases: PhaseRows, cache: CompressedLayerCache, x: torch.Tensor, t: int) -> bool:
-    """Feed one token x (B, d) at position t to its in-flight windows in place, storing the entry it completes.
-    False (nothing done) for a grid's first tokens, where fewer windows than the phase's hold t, and for staggered
-    heads (each group of heads reads an earlier token: the chunk path keeps them)."""
-    if any(attn.compressor.delays):
-        return False
-    g = attn.grid
+def extend(attn, groups: list[tuple[int, PhaseRows]], cache: CompressedLayerCache, x: torch.Tensor, t: int) -> bool:
+    """Feed one token x (B, d) at position t to its in-flight windows in place, storing the entry it completes;
+    a group of staggered heads reads the token `delay` positions back (the cache's history). False (nothing done)
+    for a grid's first tokens, where fewer windows than the phase's hold t or a staggered head has no token yet."""
+    g, phases = attn.grid, groups[0][1]
     j = cache.n_entries  # oldest window not yet complete
     phi = t - g.entry_start(j) - g.window + g.stride  # the token's offset in window j, less W - S
-    if not 0 <= phi < g.stride or g.n_started(t + 1) - j != phases.slots[phi]:
+    keep = max(d for d, _ in groups)
+    if not 0 <= phi < g.stride or g.n_started(t + 1) - j != phases.slots[phi] or t < keep:
         return False
-    n, (n_br, k, n_kv, D, G) = phases.slots[phi], phases.shape
+    xs = [x if d == 0 else cache.history[:, keep - d] for d, _ in groups]  # (B, d) each: the token at t - delay
+    if keep:
+        cache.history = torch.cat([cache.history[:, 1:], x[:, None]], 1)
+    n, (n_br, k, _, D, G) = phases.slots[phi], phases.shape
+    n_kv = attn.cfg.n_kv_heads
     state = cache.inflight or InFlight.of(cache.partials, (x.shape[0], n_br, k, n_kv, G, D), x)
     lse_old, mean = state.lse.narrow(2, 0, n), state.mean.narrow(2, 0, n)  # the token's windows
-    y = F.linear(x, phases.rows[phi], phases.bias[phi])  # (B, n_br n n_kv (D + G'))
-    P = n_br * n * n_kv * D
-    payload = y.narrow(1, 0, P).view(-1, n_br, n, n_kv, D)
-    s = y.narrow(1, P, y.shape[1] - P).view(-1, n_br, n, n_kv, G) if phases.gated else y.new_zeros(())
+    pay, gate = [], []
+    for xg, (_, rows) in zip(xs, groups, strict=True):
+        y = F.linear(xg, rows.rows[phi], rows.bias[phi])  # (B, n_br n n_kv' (D + G')), n_kv' heads of the group
+        P = n_br * n * rows.shape[2] * D
+        pay.append(y.narrow(1, 0, P).view(-1, n_br, n, rows.shape[2], D))
+        gate.append(y.narrow(1, P, y.shape[1] - P).view(-1, n_br, n, rows.shape[2], G))
+    payload = pay[0] if len(pay) == 1 else torch.cat(pay, 3)  # (B, n_br, n, n_kv, D)
+    s = (gate[0] if len(gate) == 1 else torch.cat(gate, 3)) if phases.gated else x.new_zeros(())
     lse = torch.logaddexp(lse_old, s)  # (B, n_br, n, n_kv, G)
     mean.lerp_(payload, (s - lse).exp_())  # the token's share of each window's softmax so far (1 in a new one)
     lse_old.copy_(lse)
