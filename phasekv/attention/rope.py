@@ -42,11 +42,12 @@ class Rope:
             return x
         cos, sin = rope_angles(pos, self.dims, self.theta)  # (T, r/2)
         if self.layout == "leading":
-            cos, sin = torch.cat([cos, cos], -1).to(x.dtype), torch.cat([sin, sin], -1).to(x.dtype)  # (T, r)
-            xr, xp = x[..., : self.dims], x[..., self.dims :]
-            half = self.dims // 2
-            rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
-            return torch.cat([xr * cos + rotated * sin, xp], dim=-1)
+            # rotate-half's sign sits in the (T, r) table: roll(xr) * [-sin, sin] = [-x2, x1] * [sin, sin], exactly
+            cos, sin = torch.cat([cos, cos], -1).to(x.dtype), torch.cat([-sin, sin], -1).to(x.dtype)  # (T, r)
+            whole = self.dims == x.shape[-1]
+            xr = x if whole else x[..., : self.dims]
+            out = xr * cos + xr.roll(self.dims // 2, -1) * sin
+            return out if whole else torch.cat([out, x[..., self.dims :]], dim=-1)
         cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)  # (T, r), fp32 as in V4
         xp, xr = x[..., : -self.dims], x[..., -self.dims :]
         rotated = torch.stack([-xr[..., 1::2], xr[..., 0::2]], dim=-1).flatten(-2)  # (-x_{2i+1}, x_{2i})
