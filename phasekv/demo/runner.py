@@ -21,14 +21,7 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from phasekv import __version__
 from phasekv.attention.compressor import cyclable
@@ -38,6 +31,7 @@ from phasekv.demo.plan import DemoPlan, plan_for
 from phasekv.errors import ConfigError, PhaseKVError
 from phasekv.eval.protocols import LOOKUP, PROTOCOLS
 from phasekv.io import write_json
+from phasekv.progress import Progress
 from phasekv.report.layout import THEORY_CHECKS, Layout, done
 from phasekv.report.render import render_report
 

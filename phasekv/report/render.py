@@ -10,13 +10,13 @@ from functools import partial
 from pathlib import Path
 
 from plotly.offline import get_plotlyjs
-from rich.progress import Progress
 
 from phasekv.errors import DataError
 from phasekv.eval.figure import PALETTE, Figure, to_plotly, to_png
 from phasekv.eval.protocols import retrieval_protocols
 from phasekv.io import write_text
 from phasekv.mitigate.criteria import verdict_lines
+from phasekv.progress import Progress
 from phasekv.report import checks, figures, html, published, tables
 from phasekv.report.html import esc, fmt
 from phasekv.report.layout import Layout

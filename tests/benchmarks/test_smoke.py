@@ -28,3 +28,11 @@ def test_demo_cost_reads_demo_json(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "21.0 single-core CPU-minutes" in out.stdout and "full-1kv 290 s" in out.stdout
+
+
+def test_decode_benchmarks_run():
+    code = ("import bench_decode; bench_decode.step_ratio(['--context', '300', '--reps', '2']); "
+            "bench_decode.main(['--contexts', '300', '--reps', '2', '--preset', 'tiny'])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=BENCH, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "reference   best" in out.stdout and "model median" in out.stdout
