@@ -123,10 +123,11 @@ def test_training_per_model_and_longest_training_first(tmp_path):
     plan = plan_for(quick=False)
     uniform = plan.training_of("W8/S8 · 1 KV · uniform averaging")
     assert uniform == plan.training_of("w8s8-1kv-uniform") and uniform["steps"] > plan.steps
-    assert plan.sequences_of("w8s8-1kv-uniform") > plan.sequences_of("W8/S8 · 1 KV") == plan.steps * plan.batch_size
-    assert plan.training_of("W8/S8 · 1 KV") == {"steps": plan.steps, "batch_size": plan.batch_size, "lr": plan.lr}
+    assert plan.sequences_of("w8s8-1kv-uniform") > plan.sequences_of("W8/S4 · 1 KV") == plan.steps * plan.batch_size
+    assert plan.training_of("W8/S4 · 1 KV") == {"steps": plan.steps, "batch_size": plan.batch_size, "lr": plan.lr}
     assert plan_for(quick=True).per_model == {}
     assert "(W8/S8 · 1 KV · uniform averaging: 3200 steps)" in plan.steps_text()
     trainings = [t for t in build_tasks(tmp_path, plan) if t.name.startswith("train ")]
     assert trainings[0].name == "train w8s8-1kv-uniform"  # the critical path starts first
-    assert [t.steps()[1] for t in trainings][:2] == [plan.steps_of("w8s8-1kv-uniform"), plan.steps]
+    assert [t.steps()[1] for t in trainings][:3] == [plan.steps_of("w8s8-1kv-uniform"), plan.steps_of("w8s8-1kv"),
+                                                     plan.steps]
