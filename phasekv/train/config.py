@@ -19,7 +19,7 @@ class TrainConfig:
 
     # --- what to train ---
     arch: str = "W8/S8 · 1 KV"  # paper name or ASCII alias (`w8s8-1kv`)
-    preset: str = "tiny"  # backbone preset (tiny | small | qwen3-0.6b)
+    preset: str = "tiny"  # backbone preset (tiny | tiny-8h | small | qwen3-0.6b)
     data: DataConfig = field(default_factory=DataConfig)  # recall (default), corpus, or a mixture
     out: str = "runs/run"  # run directory (config, tokenizer, metrics, gates, checkpoints)
     init_from: str | None = None  # start from these weights (run dir or model dir); fresh optimizer and data
