@@ -11,10 +11,11 @@ from phasekv.config.model import (
     GATES,
     PRESETS,
     ModelConfig,
+    entries_per_record,
     format_overrides,
     parse_overrides,
     preset_fields,
 )
 
-__all__ = ["BACKBONE_FIELDS", "CONFIG_VERSION", "GATES", "PRESETS", "ModelConfig", "format_overrides",
-           "parse_overrides", "preset_fields"]
+__all__ = ["BACKBONE_FIELDS", "CONFIG_VERSION", "GATES", "PRESETS", "ModelConfig", "entries_per_record",
+           "format_overrides", "parse_overrides", "preset_fields"]

@@ -40,6 +40,13 @@ def preset_fields(preset: str) -> dict:
     return {**PRESETS[preset], "preset": preset}
 
 
+def entries_per_record(n_layers: int, n_kv_heads: int, stride: int, tokens_per_record: int = 2) -> float:
+    """Compressed entries a model can spend on each record of a dense prompt: layers x KV heads x tokens per
+    record / S (one entry holds about one record). Below 1 some records cannot have an entry of their own and a
+    W = S model keeps some offsets and loses the rest (all-or-nothing phases); the study's W8/S8 · 1 KV has 7."""
+    return n_layers * n_kv_heads * tokens_per_record / stride
+
+
 def parse_overrides(value: str | dict | None, source: str = "--set") -> dict:
     """Backbone overrides of a preset, from `'n_layers=4,d_model=96'` (command line) or a mapping (sweep file,
     run config): {field: value}, each a backbone field with a value of its type (`none` for init_std)."""
@@ -139,6 +146,11 @@ class ModelConfig:
     @property
     def alias(self) -> str:
         return format_alias(self)
+
+    @property
+    def entries_per_record(self) -> float | None:
+        """`entries_per_record` of this model on records of 2 tokens (key, name); None for full attention."""
+        return entries_per_record(self.n_layers, self.n_kv_heads, self.stride) if self.compressed else None
 
     @property
     def backbone(self) -> str:
