@@ -21,6 +21,10 @@ PRESETS: dict[str, dict] = {
     # leave these widths on a chance-level plateau of associative recall for thousands of steps
     "tiny": dict(n_layers=2, d_model=64, n_heads=4, head_dim=32, d_ff=192, rope_theta=1e4, vocab_size=512,
                  tie_embeddings=False),
+    # the study's regime at CPU scale: tiny with 4 layers (one compressed entry per record for W8/S8 · 1 KV, where
+    # tiny's 2 layers have half one: all-or-nothing phases) and 8 query heads (the grid's 8-KV-head runs)
+    "cpu-study": dict(n_layers=4, d_model=64, n_heads=8, head_dim=32, d_ff=192, rope_theta=1e4, vocab_size=512,
+                      tie_embeddings=False),
     "small": dict(n_layers=4, d_model=256, n_heads=8, head_dim=32, d_ff=768, rope_theta=1e4, vocab_size=8192,
                   tie_embeddings=False),
     "qwen3-0.6b": dict(

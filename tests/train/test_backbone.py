@@ -79,3 +79,17 @@ def test_train_records_backbone(tmp_path):
     out = tmp_path / "r"
     train(out=str(out), **dict(FAST, arch="w8s8-1kv", steps=1, backbone={"n_layers": 3}, gate_steps="none"))
     assert json.loads((out / "config.json").read_text())["model"]["n_layers"] == 3
+
+
+def test_regime_sweep_is_in_the_studys_regime():
+    """sweeps/regime.toml: the cpu-study preset gives every W8/S8 run of the paper's grid at least one compressed
+    entry per record (tiny: 0.5) and has room for the grid's 8 KV heads."""
+    from phasekv.config.names import PAPER_GRID
+
+    from .helpers import ROOT
+
+    runs = sweep.load_sweep(ROOT / "sweeps" / "regime.toml")
+    assert {r.config().preset for r in runs} == {"cpu-study"}
+    grid = [ModelConfig.from_name(n, preset="cpu-study") for n in PAPER_GRID]
+    assert all(c.entries_per_record >= 1 for c in grid if (c.window, c.stride) == (8, 8))
+    assert max(c.n_kv_heads for c in grid) == 8 and ModelConfig.from_name("W8/S8 · 1 KV").entries_per_record == 0.5
