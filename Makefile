@@ -1,11 +1,11 @@
-# The README's two commands: `make demo` and `make test`. Each creates .venv when missing.
+# The README's commands: `make demo`, `make study` and `make test`. Each creates .venv when missing.
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 # GPU users: make TORCH_SPEC="torch==2.13.0 --index-url ..." test
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo test test-slow test-engine engine-venv bench lint clean
+.PHONY: setup demo study test test-slow test-engine engine-venv bench lint clean
 
 $(BIN)/phasekv: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +17,10 @@ setup: $(BIN)/phasekv
 
 demo: setup
 	$(BIN)/phasekv demo --out demo_out $(DEMO_ARGS)
+
+# the whole study: every run of the paper's grid on this CPU (STUDY_ARGS=--quick: the smoke version)
+study: setup
+	$(BIN)/phasekv study --out study_out $(STUDY_ARGS)
 
 test: setup
 	$(BIN)/lint-imports

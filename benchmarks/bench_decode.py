@@ -8,6 +8,8 @@ partials). Then single-token steps are timed, full and compressed interleaved:
   * attention step: one attention layer (projections, compressor update, attention over the cache);
   * read: the attention over the cache alone (scores, softmax, values: the part that grows with context).
 Cache bytes: measured `cache.nbytes` against the target (T/S + n_local + W)/T of full attention's.
+`step_ratio` times the one-layer step of the `tiny` preset at 32K, batch 1 (the issue's target, <= 0.35x full),
+for the one-token fast path (`phasekv.attention.decode`) and for the reference chunk path side by side.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from common import add_common_args, fmt_t, header, interleaved, setup
 
 from phasekv import ModelConfig, PhaseLM
-from phasekv.attention import blockwise
+from phasekv.attention import blockwise, decode
 from phasekv.attention.cache import FullLayerCache, PhaseCache
 from phasekv.model.cli import cache_bytes
 
@@ -51,21 +53,19 @@ class Stepper:
         self.ids = torch.randint(0, cfg.vocab_size, (cache.batch_size, 1), device=device)
         self.h = torch.randn(cache.batch_size, 1, cfg.d_model, device=device, dtype=dtype)
         self.attn_pos = cache.pos  # the attention-only steps use layer 0's cache from here on
-        B, H, n_kv, D = cache.batch_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        B, H, D = cache.batch_size, cfg.n_heads, cfg.head_dim
         self.q = torch.randn(B, H, 1, D, device=device, dtype=dtype)
-        self.k = torch.randn(B, n_kv, 1, D, device=device, dtype=dtype)
 
     def cache_attention(self) -> None:
         """The attention read over the cache alone (what grows with the context): scores, softmax, values."""
-        attn, layer_cache = self.model.layers[0].attn, self.cache.layers[0]
-        q, k = self.q, self.k
+        attn, layer_cache, q = self.model.layers[0].attn, self.cache.layers[0], self.q[:, :, 0]
         if isinstance(layer_cache, FullLayerCache):
-            blockwise.attend_parts(q, [(layer_cache.k.view(k), layer_cache.v.view(k), None)])
+            decode.read(q, layer_cache.k.whole(), layer_cache.v.whole(), None, None)
             return
-        ek = layer_cache.entries_k.view(k)
-        ev = ek if layer_cache.entries_v is None else layer_cache.entries_v.view(k)
-        pos = torch.tensor([self.cache.pos], device=q.device)
-        blockwise.decode_attention(q, pos, ek, ev, k, k, attn.grid, layer_cache.ring(k))
+        keys = layer_cache.entries_k.whole()  # (B, n_kv, keep + n, D): ring, then entries
+        values = keys if layer_cache.entries_v is None else layer_cache.entries_v.whole()
+        plan = layer_cache.plan or decode.StepPlan.build(attn)
+        decode.read(q, keys, values, plan.ring.at(attn.grid, self.cache.pos, layer_cache.ring_pos), None)
 
     def model_step(self) -> None:
         self.model(self.ids, cache=self.cache)
@@ -74,6 +74,42 @@ class Stepper:
         pos = torch.tensor([self.attn_pos], device=self.h.device)
         self.model.layers[0].attn(self.h, pos, self.cache.layers[0])
         self.attn_pos += 1
+
+
+def reference(fn):
+    """fn run through the reference chunk path (`blockwise.use_backend("reference")` turns the fast step off)."""
+    def run():
+        with blockwise.use_backend("reference"):
+            fn()
+    return run
+
+
+def step_ratio(argv: list[str] | None = None) -> None:
+    """One-layer decode step, W8/S8 · 1 KV vs full · 1 KV, fast path and reference path, side by side."""
+    p = add_common_args(argparse.ArgumentParser())
+    p.add_argument("--context", type=int, default=32768)
+    p.add_argument("--reps", type=int, default=60)
+    args = p.parse_args(argv)
+    device, dtype = setup(args)
+    header(f"decode step ratio: one attention layer at {args.context} tokens, batch 1, preset tiny", args,
+           f"medians of {args.reps} interleaved single-token steps and the best one (no preemption); 'reference' = "
+           "the chunk path the fast step is tested against (before the fast step existed, every step took it)")
+    torch.manual_seed(0)
+    steps = {}
+    for name in ("full-1kv", "w8s8-1kv"):
+        cfg = ModelConfig.from_name(name, preset="tiny", max_seq_len=args.context + 8 * args.reps + 64)
+        model = PhaseLM(cfg).to(device=device, dtype=dtype).eval()
+        for path in ("fast", "reference"):
+            s = Stepper(model, synthetic_cache(model, 1, args.context, device, dtype), device, dtype)
+            steps[name, path] = s.attention_step if path == "fast" else reference(s.attention_step)
+    with torch.no_grad():
+        t = interleaved(steps, args.reps, device, warmup=5)
+    print(f"{'path':>9} {'stat':>6} | {'full':>9} {'W8/S8':>9} {'ratio':>6}")
+    for path in ("fast", "reference"):
+        for stat in ("median", "best"):
+            f, c = (getattr(t[n, path], stat) for n in ("full-1kv", "w8s8-1kv"))
+            print(f"{path:>9} {stat:>6} | {fmt_t(f):>9} {fmt_t(c):>9} {c / f:>6.3f}")
+    print("goal: W8/S8 step <= 0.35x full at 32K, batch 1")
 
 
 def main(argv: list[str] | None = None) -> None:

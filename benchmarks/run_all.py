@@ -39,6 +39,7 @@ def main() -> None:
     if "memory" in only:
         bench_memory.main(common + (["--preset", "small"] if args.gpu else []))
     if "decode" in only:
+        bench_decode.step_ratio(common)
         for batch in (1, 8) if not args.gpu else (1, 32):
             bench_decode.main(common + ["--batch", str(batch), "--reps", "15" if not args.gpu else "50"])
     if "throughput" in only:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -43,19 +42,6 @@ def write_outputs(out: Path, results: pd.DataFrame, summary: dict, **tables: pd.
     for name, df in {"results": results, **tables}.items():
         write_parquet(out / f"{name}.parquet", df)
     write_text(out / "summary.json", json.dumps(jsonable(summary), indent=2, default=str))
-
-
-@contextmanager
-def progress_bar(enabled: bool, total: int, label: str) -> Iterator:
-    """Yields advance(n); a rich progress bar when enabled."""
-    if not enabled:
-        yield lambda n=1: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # on use
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda n=1: bar.advance(task, n)
 
 
 def prompt_batches(prompts: RetrievalPrompts, pids: list[int], batch_size: int, device) -> Iterator[torch.Tensor]:

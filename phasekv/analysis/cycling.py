@@ -24,13 +24,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phasekv.analysis.common import as_eval_model, progress_bar, prompt_config, provenance, write_outputs
+from phasekv.analysis.common import as_eval_model, prompt_config, provenance, write_outputs
 from phasekv.attention.compressor import cyclable
 from phasekv.errors import ConfigError
 from phasekv.eval.run import evaluate
 from phasekv.eval.stats import bootstrap_profiles, group_table
 from phasekv.model.hf import compression_layout, v4_sites
 from phasekv.model.transformer import PhaseLM
+from phasekv.progress import progress_bar
 
 
 def check_cyclable(model) -> None:

@@ -28,7 +28,6 @@ import torch
 
 from phasekv.analysis.common import (
     as_eval_model,
-    progress_bar,
     prompt_batches,
     prompt_config,
     provenance,
@@ -42,6 +41,7 @@ from phasekv.eval.prompts import RetrievalPrompts
 from phasekv.model.concentration import concentration
 from phasekv.model.gates import GateRead, gate_grids, gate_scores
 from phasekv.model.transformer import PhaseLM
+from phasekv.progress import progress_bar
 
 BRANCHES = ("key", "value")
 V4_BRANCHES = {"key": "CSA/HCA compressor (its entry is key and value)", "indexer": "the CSA indexer's compressor"}

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phasekv.analysis.common import as_eval_model, progress_bar, prompt_config, provenance, write_outputs
+from phasekv.analysis.common import as_eval_model, prompt_config, provenance, write_outputs
 from phasekv.analysis.hooks import (
     FinalMeans,
     attention_modules,
@@ -37,6 +37,7 @@ from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
 from phasekv.eval.run import evaluate
 from phasekv.eval.stats import gap_estimate, group_table, profile_summary
 from phasekv.eval.tokens import WordTokenizer
+from phasekv.progress import progress_bar
 
 CAL_SEED = 1_000_003  # calibration prompts use prompt seed + CAL_SEED: other mappings, same layout
 VARIANTS = ("head", "layer", "compressed")

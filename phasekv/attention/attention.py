@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from phasekv.attention import blockwise
+from phasekv.attention import blockwise, decode
 from phasekv.attention.cache import CompressedLayerCache, FullLayerCache
 from phasekv.attention.compressor import layer_grid, layer_rope, make_compressor
 from phasekv.attention.norm import RMSNorm
@@ -75,16 +75,22 @@ class Attention(nn.Module):
     # ---- forward ----
     def forward(self, h: torch.Tensor, pos: torch.Tensor, cache=None) -> torch.Tensor:
         """h (B, T, d) normed hidden states at positions pos (T,) -> (B, T, d)."""
+        if cache is not None and h.shape[1] == 1 and decode.enabled():
+            z = decode.step(self, h, pos, cache)  # (B, H, 1, D)
+        else:
+            z = self._attend(h, pos, cache)  # (B, H, T, D)
+        z = self.z_hook(z.transpose(1, 2))  # (B, T, H, D)
+        return self.o_proj(z.flatten(2))
+
+    def _attend(self, h: torch.Tensor, pos: torch.Tensor, cache) -> torch.Tensor:
+        """The per-head outputs z (B, H, T, D) of any chunk (the reference for `decode.step`)."""
         q = self._rope(self.q_norm(self._heads(self.q_proj(h), self.cfg.n_heads)), pos)  # (B, H, T, D)
         k, v = self._exact_kv(h, pos)  # (B, n_kv, T, D)
         if self.compressor is None:
-            z = self._full(q, k, v, pos, cache)
-        elif cache is None:
-            z = self._compressed(q, k, v, h, pos)
-        else:
-            z = self._compressed_cached(q, k, v, h, pos, cache)
-        z = self.z_hook(z.transpose(1, 2))  # (B, T, H, D)
-        return self.o_proj(z.flatten(2))
+            return self._full(q, k, v, pos, cache)
+        if cache is None:
+            return self._compressed(q, k, v, h, pos)
+        return self._compressed_cached(q, k, v, h, pos, cache)
 
     def _full(self, q, k, v, pos, cache: FullLayerCache | None) -> torch.Tensor:
         if cache is None:

@@ -13,8 +13,10 @@ import functools
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 LAYOUTS = ("leading", "trailing")
+STEP_BLOCK = 1024  # positions per table of `Rope.at` (a decode step's RoPE)
 
 
 @functools.lru_cache(maxsize=64)
@@ -40,14 +42,49 @@ class Rope:
         """Rotate x (B, H, T, D) by positions pos (T,)."""
         if self.dims == 0:
             return x
-        cos, sin = rope_angles(pos, self.dims, self.theta)  # (T, r/2)
+        cos, sin = (self._spread(a) for a in rope_angles(pos, self.dims, self.theta))  # (T, r)
         if self.layout == "leading":
-            cos, sin = torch.cat([cos, cos], -1).to(x.dtype), torch.cat([sin, sin], -1).to(x.dtype)  # (T, r)
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
             xr, xp = x[..., : self.dims], x[..., self.dims :]
+            return torch.cat([xr * cos + self._rotate(xr) * sin, xp], dim=-1)
+        xp, xr = x[..., : -self.dims], x[..., -self.dims :]  # fp32 as in V4
+        return torch.cat([xp, (xr.float() * cos + self._rotate(xr).float() * sin).to(x.dtype)], dim=-1)
+
+    def at(self, x: torch.Tensor, t: int) -> torch.Tensor:
+        """`self(x, pos)` for x (..., D) all at the one position t, in three fused ops (the decode step):
+        x cos_t + (x R) sin_t, with cos_t, sin_t over all D dims (1 and 0 on the unrotated ones) and x R the
+        layout's signed pair swap."""
+        if self.dims == 0:
+            return x
+        dtype = x.dtype if self.layout == "leading" else torch.float32  # V4 rotates in fp32
+        cos, sin, R = _step_tables(self, x.shape[-1], t // STEP_BLOCK, x.device, dtype)
+        y = x if x.dtype == dtype else x.to(dtype)
+        out = y * cos[t % STEP_BLOCK] + (y @ R) * sin[t % STEP_BLOCK]
+        return out if out.dtype == x.dtype else out.to(x.dtype)
+
+    def _spread(self, a: torch.Tensor) -> torch.Tensor:
+        """(..., r/2) values per rotated pair -> (..., r) per rotated dim, in the layout's pairing."""
+        return torch.cat([a, a], -1) if self.layout == "leading" else a.repeat_interleave(2, -1)
+
+    def _rotate(self, xr: torch.Tensor) -> torch.Tensor:
+        """Each rotated dim's signed partner: (-x_{i+r/2}, x_i) for rotate-half pairs, (-x_{2i+1}, x_{2i}) interleaved."""
+        if self.layout == "leading":
             half = self.dims // 2
-            rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
-            return torch.cat([xr * cos + rotated * sin, xp], dim=-1)
-        cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)  # (T, r), fp32 as in V4
-        xp, xr = x[..., : -self.dims], x[..., -self.dims :]
-        rotated = torch.stack([-xr[..., 1::2], xr[..., 0::2]], dim=-1).flatten(-2)  # (-x_{2i+1}, x_{2i})
-        return torch.cat([xp, (xr.float() * cos + rotated.float() * sin).to(x.dtype)], dim=-1)
+            return torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+        return torch.stack([-xr[..., 1::2], xr[..., 0::2]], dim=-1).flatten(-2)
+
+
+@functools.lru_cache(maxsize=32)
+def _step_tables(rope: Rope, D: int, block: int, device: torch.device, dtype: torch.dtype):
+    """cos, sin (STEP_BLOCK, D) of the positions of block `block` over all D head dims (1 and 0 on the unrotated
+    ones) and R (D, D) with x R = the rotated dims' `Rope._rotate` (0 elsewhere): what `Rope.at` reads, made
+    once per block of positions."""
+    with torch.inference_mode(False), torch.no_grad():  # plain tensors even if first asked for in inference mode
+        pos = torch.arange(block * STEP_BLOCK, (block + 1) * STEP_BLOCK, device=device)
+        cos, sin = (rope._spread(a) for a in rope_angles(pos, rope.dims, rope.theta))
+        lo = 0 if rope.layout == "leading" else D - rope.dims  # first rotated dim
+        pad = (lo, D - lo - rope.dims)
+        cos, sin = F.pad(cos, pad, value=1.0), F.pad(sin, pad)  # (n, D)
+        R = torch.zeros(D, D, device=device)
+        R[lo : lo + rope.dims, lo : lo + rope.dims] = rope._rotate(torch.eye(rope.dims, device=device))
+        return cos.to(dtype), sin.to(dtype), R.to(dtype)

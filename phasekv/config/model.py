@@ -25,6 +25,10 @@ PRESETS: dict[str, dict] = {
     # tiny's 2 layers have half one: all-or-nothing phases) and 8 query heads (the grid's 8-KV-head runs)
     "cpu-study": dict(n_layers=4, d_model=64, n_heads=8, head_dim=32, d_ff=192, rope_theta=1e4, vocab_size=512,
                       tie_embeddings=False),
+    # tiny with 8 query heads: the smallest backbone on which every run of the study's grid is valid (8 KV heads
+    # need >= 8 query heads); `phasekv study`'s default
+    "tiny-8h": dict(n_layers=2, d_model=64, n_heads=8, head_dim=32, d_ff=192, rope_theta=1e4, vocab_size=512,
+                    tie_embeddings=False),
     "small": dict(n_layers=4, d_model=256, n_heads=8, head_dim=32, d_ff=768, rope_theta=1e4, vocab_size=8192,
                   tie_embeddings=False),
     "qwen3-0.6b": dict(

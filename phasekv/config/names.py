@@ -66,10 +66,21 @@ def parse_name(name: str) -> dict:
     if not isinstance(name, str) or not name.strip():
         raise ModelNameError(f"empty model name {name!r}")
     text = name.strip()
+    signed = re.match(r"w(-?\d+)\s*/?\s*s(-?\d+)(?:$|[-\s·])", text.lower())  # a minus would split an alias
+    if signed:
+        _check_grid(name, int(signed.group(1)), int(signed.group(2)))
     if "·" in text or " " in text or "/" in text:
         parts = [p.strip() for p in re.split(r"\s*·\s*", text)]
         return _parse_parts(name, parts, ascii_=False)
     return _parse_parts(name, text.lower().split("-"), ascii_=True)
+
+
+def _check_grid(name: str, window: int, stride: int) -> None:
+    """A named window and stride are >= 1: full attention has its own name."""
+    for field, value in (("window", window), ("stride", stride)):
+        if value < 1:
+            raise ModelNameError(f"model name {name!r}: {field}={value} must be >= 1; full attention is named "
+                                 f"'Full attention · N KV' (alias full-Nkv)")
 
 
 def _parse_parts(name: str, parts: list[str], ascii_: bool) -> dict:
@@ -86,10 +97,7 @@ def _parse_parts(name: str, parts: list[str], ascii_: bool) -> dict:
         if not m:
             raise _err(name, parts[0])
         fields["window"], fields["stride"] = int(m.group(1)), int(m.group(2))
-        for field in ("window", "stride"):
-            if fields[field] < 1:
-                raise ModelNameError(f"model name {name!r}: {field}={fields[field]} must be >= 1; full attention is "
-                                     f"named 'Full attention · N KV' (alias full-Nkv)")
+        _check_grid(name, fields["window"], fields["stride"])
     seen: set[str] = set()
     for part in rest:
         key = part.strip().lower()

@@ -24,13 +24,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
-from rich.progress import Progress
 from tokenizers import Tokenizer
 
 from phasekv.data.stream import IGNORE, Example, rng_for
 from phasekv.data.tokenizer import special_ids, tokenizer_hash
 from phasekv.errors import DataError
 from phasekv.io import atomic_dir, atomic_write
+from phasekv.progress import Progress
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 PYTHON_DOCS = "python-docs"  # the corpus name of Python's own documentation (module doc)

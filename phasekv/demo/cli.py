@@ -1,10 +1,14 @@
-"""`phasekv demo [--quick] [--out DIR]`."""
+"""`phasekv demo [--quick] [--out DIR]` and `phasekv study [--quick] [--out DIR] [--preset P]`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
+
+from phasekv.demo.plan import STUDY_PRESET
+
+JOBS_HELP = "Worker processes (default: 2, or 1 on a 1-core machine)."
 
 
 def register(app: typer.Typer) -> None:
@@ -13,7 +17,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("demo_out"), "--out", "-o", help="Study directory (runs, results, report)."),
         quick: bool = typer.Option(False, "--quick", help="~2-minute smoke version: every stage, tiny budgets "
                                    "(too short for the effects to show)."),
-        jobs: int = typer.Option(None, help="Worker processes (default: 2, or 1 on a 1-core machine)."),
+        jobs: int = typer.Option(None, help=JOBS_HELP),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
     ) -> None:
         """Reproduce the study end to end on this CPU: train the tiny models (full attention, W8/S8, W8/S4,
@@ -23,3 +27,22 @@ def register(app: typer.Typer) -> None:
         from phasekv.demo.runner import run_demo
 
         run_demo(out, quick=quick, jobs=jobs, progress=progress)
+
+    @app.command()
+    def study(
+        out: Path = typer.Option(Path("study_out"), "--out", "-o", help="Study directory (runs, results, report)."),
+        quick: bool = typer.Option(False, "--quick", help="Smoke version: every stage of every run at the demo's "
+                                   "--quick budgets (too short for the effects to show)."),
+        preset: str = typer.Option(STUDY_PRESET, help="Backbone preset of every run (8 KV heads need >= 8 query "
+                                   "heads)."),
+        jobs: int = typer.Option(None, help=JOBS_HELP),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+    ) -> None:
+        """The whole study on this CPU: every run of the paper's grid (SPEC §3) and its full-attention
+        baselines, trained with the demo's recipe at one backbone; the lookup under both paddings, knockouts,
+        gate statistics, gate cycling for every W = S run, the flip sweep and the theory checks; then
+        OUT/report/index.html, whose first section gives a verdict on each of the study's claims C1-C10
+        (also OUT/report/claims.json). Resumable: re-running skips finished work."""
+        from phasekv.demo.runner import run_study
+
+        run_study(out, quick=quick, preset=preset, jobs=jobs, progress=progress)

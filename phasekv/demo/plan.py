@@ -1,16 +1,20 @@
-"""What `phasekv demo` runs: the models, the training budget and the evaluation sizes (full and --quick)."""
+"""What `phasekv demo` and `phasekv study` run: the models, the backbone preset, the training budget and the
+evaluation sizes (full and --quick). The study is the demo's plan over the paper's whole grid."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 
-from phasekv.config.names import parse_name
+from phasekv.config.names import PAPER_GRID, parse_name
+
+STUDY_PRESET = "tiny-8h"  # the study's backbone: every run of the grid is valid on it (8 KV heads need 8 query heads)
 
 
 @dataclass
 class DemoPlan:
     mode: str  # "full" | "quick"
+    kind: str = "demo"  # "demo" (five models) | "study" (the paper's grid), in messages and the report
     # --- models (paper names; tiny preset) ---
     models: list[str] = field(default_factory=lambda: [
         "Full attention · 1 KV", "W8/S8 · 1 KV", "W8/S4 · 1 KV", "W8/S8 · 1 KV · uniform averaging", "W6/S6 · 1 KV"])
@@ -78,3 +82,19 @@ def plan_for(quick: bool) -> DemoPlan:
     return DemoPlan(mode="quick", steps=30, more_steps={}, warmup=10, ckpt_every=15, batch_size=32, per_group=24, mappings=8,
                     ko_per_group=24,
                     n_cal=32, gate_prompts=32, cycle_per_group=24, deltas=[-1, 1], n_boot=200, flip_lengths=8)
+
+
+# --quick study: the demo's smoke budgets with a third of its prompts (26 models; knockouts of 8 KV heads cost 8x)
+STUDY_QUICK = dict(per_group=8, ko_per_group=8, cycle_per_group=8, n_cal=16, gate_prompts=16, flip_lengths=4,
+                   n_boot=100)
+
+
+def study_plan(quick: bool, preset: str = STUDY_PRESET) -> DemoPlan:
+    """The whole study (SPEC §3: the paper's grid, 26 runs with the full-attention baselines) with the demo's
+    recipe and sizes at `preset`; --quick: smoke budgets (STUDY_QUICK). Every uniform-averaging run gets the
+    demo's longer budget for uniform averaging."""
+    demo = plan_for(quick)
+    uniform = demo.steps_of("W8/S8 · 1 KV · uniform averaging")
+    more = {m: uniform for m in PAPER_GRID if uniform != demo.steps and parse_name(m).get("gate") == "uniform"}
+    return dataclasses.replace(demo, kind="study", models=list(PAPER_GRID), preset=preset, more_steps=more,
+                               **(STUDY_QUICK if quick else {}))

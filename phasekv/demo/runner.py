@@ -1,4 +1,5 @@
-"""`phasekv demo`: the study end to end on a CPU, resumable, with progress, then the report.
+"""`phasekv demo` and `phasekv study`: a plan (`phasekv.demo.plan`) end to end on a CPU, resumable, with
+progress, then the report. The demo runs five models; the study, the paper's whole grid.
 
 The work is a small graph of tasks (train each model; lookup under both paddings; flip; knockouts; gate
 statistics after the knockouts; gate cycling; theory checks; example prompts). A task whose outputs exist
@@ -21,23 +22,17 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from phasekv import __version__
 from phasekv.attention.compressor import cyclable
 from phasekv.config import ModelConfig
 from phasekv.demo import stages
-from phasekv.demo.plan import DemoPlan, plan_for
+from phasekv.demo.plan import STUDY_PRESET, DemoPlan, plan_for, study_plan
 from phasekv.errors import ConfigError, PhaseKVError
 from phasekv.eval.protocols import LOOKUP, PROTOCOLS
 from phasekv.io import write_json
+from phasekv.progress import Progress
 from phasekv.report.layout import THEORY_CHECKS, Layout, done
 from phasekv.report.render import render_report
 
@@ -166,11 +161,11 @@ def _manifest(root: Path, plan: DemoPlan, jobs: int) -> dict:
     lay = Layout(root)
     old = json.loads(lay.manifest.read_text()) if lay.manifest.is_file() else {}
     if old and old.get("plan") != plan.to_dict():
-        raise ConfigError(f"{root} holds a {old.get('mode', 'different')} demo with other settings; "
-                          "use another --out (or delete it) to run this one")
-    models = {ModelConfig.from_name(m, preset=plan.preset).alias: {"name": ModelConfig.from_name(m).name}
-              for m in plan.models}
-    return {**old, "mode": plan.mode, "preset": plan.preset, "plan": plan.to_dict(), "models": models,
+        raise ConfigError(f"{root} holds a {old.get('mode', 'different')} {old.get('kind', 'demo')} with other "
+                          "settings; use another --out (or delete it) to run this one")
+    cfgs = [ModelConfig.from_name(m, preset=plan.preset) for m in plan.models]
+    models = {c.alias: {"name": c.name} for c in cfgs}
+    return {**old, "kind": plan.kind, "mode": plan.mode, "preset": plan.preset, "plan": plan.to_dict(), "models": models,
             "version": __version__, "threads": f"{jobs} worker process(es) × 1",
             "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, torch {torch.__version__}",
             "data": {"description": f"synthetic associative recall ({', '.join(f'{k}={v}' for k, v in plan.recall.items())}), "
@@ -185,7 +180,7 @@ def _write_manifest(root: Path, manifest: dict) -> None:
 
 
 def run_tasks(tasks: list[Task], jobs: int, progress: bool,
-              record: Callable[[str, float, float], None]) -> dict[str, str]:
+              record: Callable[[str, float, float], None], label: str = "demo") -> dict[str, str]:
     """Run every unfinished task once its dependencies are done; returns {task: error} of failed tasks."""
     finished = {t.name for t in tasks if t.is_done()}
     failed: dict[str, str] = {}
@@ -196,7 +191,7 @@ def run_tasks(tasks: list[Task], jobs: int, progress: bool,
     running: dict[Future, tuple[Task, int, float]] = {}
     with Progress(*cols, console=console, disable=not progress, refresh_per_second=2) as bar, \
             ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        overall = bar.add_task("[bold]demo tasks", total=len(tasks), completed=len(finished))
+        overall = bar.add_task(f"[bold]{label} tasks", total=len(tasks), completed=len(finished))
         while todo or running:
             blocked = {t.name for t in todo if any(d in failed for d in t.after)}
             for name in blocked:
@@ -234,7 +229,7 @@ def run_tasks(tasks: list[Task], jobs: int, progress: bool,
 
 
 class _Lock:
-    """DIR/.demo.lock holds the pid of the demo writing DIR; a second demo on the same DIR is refused."""
+    """DIR/.demo.lock holds the pid of the demo (or study) writing DIR; a second one on the same DIR is refused."""
 
     def __init__(self, root: Path):
         self.path = root / ".demo.lock"
@@ -251,7 +246,8 @@ class _Lock:
                 return self.__enter__()
             except PermissionError:
                 pass
-            raise ConfigError(f"another demo (pid {pid}) is writing {self.path.parent}; wait for it or stop it") from None
+            raise ConfigError(f"another demo or study (pid {pid}) is writing {self.path.parent}; wait for it or stop "
+                              "it") from None
         with os.fdopen(fd, "w") as f:
             f.write(str(os.getpid()))
         return self
@@ -263,7 +259,20 @@ class _Lock:
 def run_demo(out: str | os.PathLike = "demo_out", quick: bool = False, jobs: int | None = None,
              progress: bool = True, report: bool = True) -> dict:
     """Run (or resume) the demo into `out`, then render `out/report/index.html`; returns the manifest."""
+    return run_plan(out, plan_for(quick), jobs, progress, report)
 
+
+def run_study(out: str | os.PathLike = "study_out", quick: bool = False, preset: str = STUDY_PRESET,
+              jobs: int | None = None, progress: bool = True, report: bool = True) -> dict:
+    """Run (or resume) the whole study (the paper's grid at `preset`) into `out`, then its report."""
+    return run_plan(out, study_plan(quick, preset), jobs, progress, report)
+
+
+def run_plan(out: str | os.PathLike, plan: DemoPlan, jobs: int | None = None, progress: bool = True,
+             report: bool = True) -> dict:
+    """Run (or resume) `plan` into `out`, then render `out/report/index.html`; returns the manifest."""
+    for m in plan.models:  # every model is valid at the plan's backbone before anything runs
+        ModelConfig.from_name(m, preset=plan.preset)
     root = Path(out)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"--out {root} exists and is not a directory")
@@ -272,14 +281,14 @@ def run_demo(out: str | os.PathLike = "demo_out", quick: bool = False, jobs: int
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     with _Lock(root):
-        return _run(root, plan_for(quick), jobs, progress, report)
+        return _run(root, plan, jobs, progress, report)
 
 
 def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool) -> dict:
     manifest = _manifest(root, plan, jobs)
     _write_manifest(root, manifest)
     tasks = build_tasks(root, plan)
-    console.print(f"[bold]phasekv demo[/] ({plan.mode}): {len(plan.models)} models at the {plan.preset} preset, "
+    console.print(f"[bold]phasekv {plan.kind}[/] ({plan.mode}): {len(plan.models)} models at the {plan.preset} preset, "
                   f"{plan.steps_text()}, {jobs} worker(s) -> {root}")
     t0, load0 = time.time(), os.getloadavg()[0]
     timings = dict(manifest.get("tasks", {}))
@@ -290,7 +299,7 @@ def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool) ->
         ran.append(name)
         _write_manifest(root, {**manifest, "tasks": timings})
 
-    failed = run_tasks(tasks, jobs, progress, record)
+    failed = run_tasks(tasks, jobs, progress, record, plan.kind)
 
     def finish(wall: float) -> None:
         if ran or not manifest.get("invocations"):
@@ -313,10 +322,10 @@ def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool) ->
         manifest["invocations"] = manifest["invocations"][:-1] if ran else manifest["invocations"]
         finish(time.time() - t0)
     wall = time.time() - t0
-    console.print(f"demo wall-clock: {wall / 60:.1f} min this run"
+    console.print(f"{plan.kind} wall-clock: {wall / 60:.1f} min this run"
                   + (f", {manifest['seconds'] / 60:.1f} min in all" if len(manifest["invocations"]) > 1 else "")
                   + f"; {manifest['cpu_seconds'] / 60:.1f} min of single-core CPU time, about "
                   f"{manifest['idle_estimate_seconds'] / 60:.1f} min on an idle machine with {jobs} worker(s)")
     if failed:
-        raise PhaseKVError(f"{len(failed)} demo task(s) failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
+        raise PhaseKVError(f"{len(failed)} {plan.kind} task(s) failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
     return manifest

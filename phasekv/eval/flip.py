@@ -22,9 +22,10 @@ from phasekv.eval.figure import to_png
 from phasekv.eval.models import EvalModel, last_logits
 from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
 from phasekv.eval.protocols import FLIP
-from phasekv.eval.run import json_default, progress_bar, versions
+from phasekv.eval.run import json_default, versions
 from phasekv.eval.tokens import WordTokenizer, word_list
 from phasekv.io import write_json, write_parquet
+from phasekv.progress import progress_bar
 
 DEFAULT_FAMILIES = ("words", "repeat:the", "repeat:=", "repeat:,")
 

@@ -36,6 +36,7 @@ from phasekv.eval.ratios import ratio_tests
 from phasekv.eval.stats import summarize
 from phasekv.eval.tokens import WordTokenizer
 from phasekv.io import write_json, write_parquet
+from phasekv.progress import progress_bar
 
 COLUMNS = ["pid", "residue", "target_pos", "query_pos", "target_index", "mapping", "answer", "answer_word",
            "pred", "pred_word", "correct", "prob", "protocol"]
@@ -271,25 +272,3 @@ def _gather(rows: list[dict], world: int) -> list[dict]:
     parts: list[list[dict]] | None = [None] * world if dist.get_rank() == 0 else None
     dist.gather_object(rows, parts, dst=0)
     return [r for p in parts for r in p] if parts is not None else []
-
-
-class progress_bar:
-    """Rich progress bar as a context manager yielding advance(n); silent when disabled."""
-
-    def __init__(self, enabled: bool, total: int, label: str):
-        self.enabled, self.total, self.label = enabled, total, label
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda n: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-        self.bar.start()
-        task = self.bar.add_task(self.label, total=self.total)
-        return lambda n: self.bar.advance(task, n)
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self.bar.stop()
-        return False

@@ -8,11 +8,11 @@ import time
 from dataclasses import dataclass
 
 import torch
-from rich.progress import Progress
 
 from phasekv.config import ModelConfig
 from phasekv.model.cli import cache_bytes
 from phasekv.model.transformer import PhaseLM
+from phasekv.progress import Progress
 
 
 @dataclass

@@ -16,6 +16,7 @@ def register(app: typer.Typer) -> None:
         directory: Path = typer.Argument(..., help="Study directory (as written by `phasekv demo --out DIR`)."),
         screenshot: Path = typer.Option(None, help="Also save a PNG screenshot of the report (needs chromium)."),
         select: str = typer.Option(None, help="Model alias to select before the screenshot (e.g. w8s8-1kv)."),
+        section: str = typer.Option("lookup", help="Section the screenshot scrolls to (e.g. claims, grid, lookup)."),
     ) -> None:
         """Render DIR/report/index.html (one self-contained file: plotly inlined, tables readable without
         JavaScript) and DIR/report/figures/*.png from the results files alone; no model is loaded."""
@@ -26,5 +27,5 @@ def register(app: typer.Typer) -> None:
         if screenshot is not None:
             from phasekv.report.browser import screenshot_report
 
-            path = screenshot_report(index, screenshot, select=select)
+            path = screenshot_report(index, screenshot, select=select, anchor=section)
             console.print(f"screenshot: {path}")

@@ -70,7 +70,7 @@ header h1{margin:0 0 6px;font-size:24px} header p{margin:2px 0;opacity:.85}
 h2{border-bottom:2px solid #12263a;padding-bottom:4px;margin-top:38px} h3{margin-top:24px}
 table{border-collapse:collapse;margin:10px 0;font-size:13px;background:#fff}
 th,td{border:1px solid #d6d6d6;padding:4px 8px;text-align:right} th{background:#eef1f4}
-td:first-child,th:first-child{text-align:left}
+td:first-child,th:first-child{text-align:left} table.checks td,table.checks th{text-align:left}
 tr[data-model]{cursor:pointer} tr.dim td{color:#aaa} tr.sel td{background:#fff6d6}
 .published{color:#6a4c93;font-style:italic} th.published{background:#efe9f7}
 .pass{color:#1a7f37;font-weight:600} .fail{color:#b3261e;font-weight:600} .na{color:#777}

@@ -1,7 +1,7 @@
 """Where a study directory keeps each stage's outputs: the one layout `phasekv demo` writes and
 `phasekv report` reads.
 
-    DIR/demo.json                         the demo's manifest: mode, models, settings, stage timings
+    DIR/demo.json                         the manifest (demo or study): kind, mode, models, settings, stage timings
     DIR/runs/<alias>/                     training runs (`phasekv train`): config.json, metrics.jsonl, gates.jsonl
     DIR/eval/<stage>/<alias>/             an evaluation protocol's variant (`phasekv.eval.protocols`): results.parquet,
                                           summary.json; lookup-<padding> (`phasekv eval lookup`), flip (filler sweep)
@@ -12,6 +12,7 @@
     DIR/theory/{minimisers,flow,coverage}/  theory checks (`phasekv theory ...`)
     DIR/compare/                          cache, cost and gap side by side (`phasekv compare`, phasekv.compare/1)
     DIR/report/index.html                 the report; DIR/report/figures/*.png its figures as PNG
+    DIR/report/claims.json, grid.csv      the verdicts on the study's claims C1-C10; the grid table (Figure 2)
 
 `<alias>` is the model's ASCII alias (`w8s8-1kv`), so directory names stay portable.
 """
@@ -68,6 +69,14 @@ class Layout:
     @property
     def report(self) -> Path:
         return self.root / "report"
+
+    @property
+    def claims(self) -> Path:
+        return self.report / "claims.json"
+
+    @property
+    def grid(self) -> Path:
+        return self.report / "grid.csv"
 
     def aliases(self, parent: Path) -> list[str]:
         """Model directories under `parent` that hold a finished result (a summary.json)."""

@@ -119,11 +119,12 @@ def _stages(layout: Layout, parent: Path) -> dict[str, Stage]:
     return out
 
 
-def _model(alias: str, hints: dict) -> Model:
-    """Compression attributes from the paper name (one source of truth), else from a result's summary."""
+def _model(alias: str, hints: dict, preset: str = "tiny") -> Model:
+    """Compression attributes from the paper name (one source of truth) at the study's backbone preset, else from
+    a result's summary."""
     name = hints.get("name") or alias
     try:
-        cfg = ModelConfig.from_name(name if "·" in name else alias)
+        cfg = ModelConfig.from_name(name if "·" in name else alias, preset=preset)
         return Model(alias, cfg.name, cfg.window, cfg.stride, cfg.gate, learned_gates(cfg))
     except Exception:  # a model phasekv cannot name (e.g. a Hugging Face directory): use what was recorded
         stride = int(hints.get("stride") or 0)
@@ -197,7 +198,7 @@ def load_study(root: str | Path) -> Study:
                 s = group[alias].summary
                 hints.setdefault("name", s.get("model"))
                 hints.setdefault("stride", s.get("stride"))
-        model = _model(alias, hints)
+        model = _model(alias, hints, manifest.get("preset", "tiny"))
         run_dir = layout.run(alias)
         if run_dir.is_dir():
             model.run, model.metrics, model.gate_paths = _run_info(run_dir)

@@ -10,14 +10,14 @@ from functools import partial
 from pathlib import Path
 
 from plotly.offline import get_plotlyjs
-from rich.progress import Progress
 
 from phasekv.errors import DataError
 from phasekv.eval.figure import PALETTE, Figure, to_plotly, to_png
 from phasekv.eval.protocols import retrieval_protocols
-from phasekv.io import write_text
+from phasekv.io import write_json, write_text
 from phasekv.mitigate.criteria import verdict_lines
-from phasekv.report import checks, figures, html, published, tables
+from phasekv.progress import Progress
+from phasekv.report import checks, claims, figures, html, published, tables
 from phasekv.report.html import esc, fmt
 from phasekv.report.layout import Layout
 from phasekv.report.load import Study, load_study
@@ -85,6 +85,71 @@ def section_verdicts(b: Builder) -> None:
              "measured numbers (with their 95% intervals) support the claim, <em>not shown</em> means they do "
              "not. Nothing here is copied from the paper.</p>")
     b.add("verdicts", "What these numbers show", intro + body)
+
+
+VERDICT_CLASS = {claims.REPRODUCED: "pass", claims.NOT_REPRODUCED: "fail", claims.UNTESTABLE: "na"}
+
+
+def _published_text(evidence: dict) -> str:
+    """The published numbers of a claim's evidence, in words ("name: mean / worst / gap" for table rows)."""
+    def one(k, v) -> str:
+        if isinstance(v, tuple | list) and len(v) == 3:
+            return f"{k}: {v[0]:.1f} / {v[1]:.1f} / {v[2]:.1f}"
+        return f"{k}: {'–'.join(str(x) for x in v) if isinstance(v, tuple | list) else v}"
+    items = (evidence.get("published") or {}).items()
+    return "; ".join(one(k, v) for k, v in items)
+
+
+def section_claims(b: Builder) -> None:
+    """The study's claims C1-C10 (SPEC §8), each with its computed verdict; also written as report/claims.json."""
+    found = claims.verdicts(claims.facts(b.study))
+    write_json(Layout(b.study.root).claims, [v.to_dict() for v in found], indent=1)
+    rows = [[f"<b>{v.claim}</b>", f'<span class="published">{esc(published.CLAIMS[v.claim])}</span>',
+             f'<span class="{VERDICT_CLASS[v.verdict]}">{esc(v.verdict)}</span>', esc(v.reason),
+             f'<span class="published">{esc(_published_text(v.evidence)) or "–"}</span>'] for v in found]
+    body = html.table(["", '<span class="published">claim (the paper\'s words)</span>', "verdict",
+                       "measured here (95% intervals)", f'<span class="published">{esc(published.SOURCE)}</span>'],
+                      rows, cls="checks")
+    tally = {k: sum(v.verdict == k for v in found) for k in VERDICT_CLASS}
+    body += (f"<p>{tally[claims.REPRODUCED]} reproduced, {tally[claims.NOT_REPRODUCED]} not reproduced, "
+             f"{tally[claims.UNTESTABLE]} not testable here. Each verdict is computed from this directory's results "
+             f"by a stated rule (<code>phasekv.report.claims</code>), under {claims.PADDING} padding unless the claim "
+             "names both; published numbers are shown beside ours, never used as results. Also in "
+             "<code>claims.json</code> beside this page.</p>")
+    b.add("claims", "The study's claims", body)
+
+
+def section_grid(b: Builder) -> None:
+    """Figure 2 as a table: every run of the paper's grid, ours beside the published values; also grid.csv."""
+    df = tables.grid_table(b.study)
+    write_text(Layout(b.study.root).grid, df.to_csv(index=False))
+    other = [p for p in b.study.lookup if p != claims.PADDING]
+
+    def gap(r, tag=""):
+        return f"{fmt(r[tag + 'gap'])} [{fmt(r[tag + 'gap_lo'])}, {fmt(r[tag + 'gap_hi'])}]" if tag + "gap" in r else "–"
+
+    rows = []
+    for r in df.to_dict("records"):
+        loss = f" (val. loss {r['pub_val_loss']:.3f})" if r["pub_val_loss"] == r["pub_val_loss"] else ""
+        pub = (f'<span class="published">{esc(r["model"])}: {r["pub_mean"]:.1f} / {r["pub_worst"]:.1f} / '
+               f'{r["pub_gap"]:.1f}{loss}</span>') if r["pub_mean"] == r["pub_mean"] else "–"
+        ours = [fmt(r.get(k)) for k in ("mean", "worst", "best")] if r["run"] else ["not run here", "", ""]
+        rows.append([esc(r["model"]), fmt(r["val_loss"], 3), *ours, gap(r) if r["run"] else "",
+                     _int(r.get("detected_period")) if r["run"] else "",
+                     *(gap(r, f"{p}_") if r["run"] else "" for p in other), pub])
+    heads = ["model", "val. loss", "mean", "worst", "best", "gap [95%]", "period",
+             *(f"{esc(p)} gap [95%]" for p in other),
+             f'<span class="published">{esc(published.SOURCE)}: mean / worst / gap (val. loss)</span>']
+    body = html.table(heads, rows, [a if r else None for a, r in zip(df.alias, df.run, strict=True)])
+    body += (f"<p>Lookup, {claims.PADDING} padding unless named; gap = best − worst residue group, cross-fitted "
+             "(so noise does not inflate it) with a bootstrap 95% interval over key–name mappings. Also in "
+             "<code>grid.csv</code> beside this page.</p>")
+    spread = tables.seed_spread(df)
+    if spread is not None:
+        body += (f"<p>Seed-to-seed spread of W8/S8 · 1 KV over {int(spread.seeds.iloc[0])} seed(s): " + "; ".join(
+            f"{k} {spread.at['mean', k]:.1f} (SD {fmt(spread.at['std', k])}, range {spread.at['min', k]:.1f}–"
+            f"{spread.at['max', k]:.1f})" for k in ("mean", "worst", "gap")) + ".</p>")
+    b.add("grid", "The grid (Figure 2)", body)
 
 
 def section_runs(b: Builder) -> None:
@@ -402,7 +467,7 @@ def render_report(root: str | os.PathLike, progress: bool = True) -> Path:
     b = Builder(study, fig_dir)
     t0 = time.time()
     retrieval = [p.name for p in retrieval_protocols() if p.study]
-    steps = [("verdicts", section_verdicts), ("runs", section_runs),
+    steps = [("claims", section_claims), ("grid", section_grid), ("verdicts", section_verdicts), ("runs", section_runs),
              *((n, partial(section_retrieval, name=n, primary=i == 0)) for i, n in enumerate(retrieval)),
              *((f.__name__.removeprefix("section_"), f) for f in (
                  section_examples, section_flip, section_knockout, section_gates, section_alignment, section_cycle,

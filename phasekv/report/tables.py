@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from phasekv.config.names import PAPER_GRID
 from phasekv.eval.stats import phase_profile, profile_kind
+from phasekv.report import published
 from phasekv.report.load import Model, Stage, Study
 
 
@@ -84,3 +86,35 @@ def r2_grid(study: Study) -> pd.DataFrame | None:
             rows.append({"alias": alias, "delta": int(r["delta"]), "r2": r.get("r2"), "lo": r.get("r2_lo"),
                          "hi": r.get("r2_hi")})
     return pd.DataFrame(rows) if rows else None
+
+
+def grid_table(study: Study) -> pd.DataFrame:
+    """Figure 2 of the paper as a table: every run of its grid (SPEC §3), then any other model of the study, with
+    our lookup summary under each padding (NaN where not run) and the published values beside them."""
+    names = {m.name: a for a, m in study.models.items()}
+    rows = []
+    for name in [*PAPER_GRID, *(n for n in names if n not in PAPER_GRID)]:
+        alias = names.get(name)
+        pub = published.LOOKUP_PREFIX.get(name, (np.nan,) * 3)
+        row = {"model": name, "alias": alias, "run": alias is not None,
+               "val_loss": val_loss(study.models[alias]) if alias else None,
+               "pub_val_loss": published.VAL_LOSS.get(name, np.nan), "pub_mean": pub[0], "pub_worst": pub[1],
+               "pub_gap": pub[2]}
+        for padding, stages in study.lookup.items():
+            s = stages[alias].summary if alias in stages else {}
+            lo, hi = s.get("gap_ci") or (np.nan, np.nan)
+            tag = "" if padding == published.PROTOCOL[1] else f"{padding}_"
+            row.update({f"{tag}{k}": s.get(k, np.nan) for k in ("mean", "worst", "best", "gap", "detected_period")})
+            row.update({f"{tag}gap_lo": lo, f"{tag}gap_hi": hi})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def seed_spread(grid: pd.DataFrame, name: str = "W8/S8 · 1 KV") -> pd.DataFrame | None:
+    """Seed-to-seed spread (mean, SD, min, max over the seeds run) of `name`'s mean, worst and gap."""
+    seeds = grid[(grid.model == name) | grid.model.str.startswith(name + " · seed")]
+    seeds = seeds[seeds["mean"].notna()] if "mean" in seeds else seeds.iloc[:0]
+    if seeds.empty:
+        return None
+    stats = seeds[["mean", "worst", "gap"]].astype(float).agg(["mean", "std", "min", "max"])
+    return stats.assign(seeds=len(seeds))

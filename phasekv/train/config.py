@@ -20,7 +20,7 @@ class TrainConfig:
 
     # --- what to train ---
     arch: str = "W8/S8 · 1 KV"  # paper name or ASCII alias (`w8s8-1kv`)
-    preset: str = "tiny"  # backbone preset (tiny | cpu-study | small | qwen3-0.6b)
+    preset: str = "tiny"  # backbone preset (tiny | tiny-8h | cpu-study | small | qwen3-0.6b)
     backbone: dict = field(default_factory=dict)  # overrides of the preset's backbone fields
     data: DataConfig = field(default_factory=DataConfig)  # recall (default), corpus, or a mixture
     out: str = "runs/run"  # run directory (config, tokenizer, metrics, gates, checkpoints)

@@ -10,10 +10,11 @@ import math
 import time
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
 from phasekv.errors import ConfigError
 from phasekv.io import write_text
+from phasekv.progress import Progress
 from phasekv.train.config import TrainConfig
 
 

@@ -1,6 +1,8 @@
 """The demo's task graph: dependencies, skipping finished work, failures, and the --quick run (slow)."""
 
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -8,6 +10,7 @@ import pytest
 from phasekv.demo.plan import plan_for
 from phasekv.demo.runner import Task, build_tasks, run_tasks
 from phasekv.errors import ConfigError
+from phasekv.progress import INTERVAL_ENV
 
 
 def _touch(path: str, fail: bool = False) -> str:
@@ -15,6 +18,21 @@ def _touch(path: str, fail: bool = False) -> str:
         raise ValueError(f"planted failure in {path}")
     Path(path).write_text("done")
     return path
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_progress_lines_off_a_terminal(monkeypatch, capsys):
+    """`make demo | tee log`: the runner's overall progress and each running task's show as periodic lines."""
+    monkeypatch.setenv(INTERVAL_ENV, "0.2")
+    failed = run_tasks([Task("slow", _sleep, {"seconds": 1.5}, lambda: False)], jobs=1, progress=True,
+                       record=lambda *a: None)
+    out = capsys.readouterr().out
+    assert not failed
+    assert re.search(r"^progress: demo tasks 0/1 \(0%\) · \S+ elapsed", out, re.M), out
+    assert re.search(r"^progress: slow 0/1", out, re.M) and re.search(r"^progress: demo tasks 1/1 \(100%\)", out, re.M)
 
 
 def test_task_graph_covers_every_stage(tmp_path):

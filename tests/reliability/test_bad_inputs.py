@@ -138,6 +138,8 @@ CLI_CASES = [
     ("name-zero-stride", ["info", "w8s0-1kv"], r"stride=0"),
     ("name-zero-window", ["info", "W0/S0 · 1 KV"], r"window=0 must be >= 1; full attention is named"),
     ("name-zero-window-alias", ["info", "w0s0-1kv"], r"window=0 must be >= 1; full attention is named"),
+    ("name-negative-window", ["info", "W-8/S8 · 1 KV"], r"window=-8 must be >= 1; full attention is named"),
+    ("name-negative-stride-alias", ["info", "w8s-2-1kv"], r"stride=-2 must be >= 1; full attention is named"),
     ("name-v4-bad-window", ["info", "W8/S2 · 1 KV · V4 compressor"], r"window=8: the V4 compressor needs W = S"),
     ("name-slot-bias-without-v4", ["info", "W8/S8 · 1 KV · no slot bias"], r"'no slot bias' needs the V4 compressor"),
     ("name-kv-not-dividing", ["info", "W8/S8 · 3 KV"], r"n_kv_heads=3.*divide n_heads=4"),

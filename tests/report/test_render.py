@@ -40,7 +40,7 @@ def page(study_dir):
 
 def test_every_section_is_present(page):
     _, _, sections = page
-    assert sections == ["verdicts", "runs", "lookup", "examples", "flip", "knockout", "gates", "alignment",
+    assert sections == ["claims", "grid", "verdicts", "runs", "lookup", "examples", "flip", "knockout", "gates", "alignment",
                         "cycling", "compare", "theory", "published"]
 
 

@@ -1,0 +1,164 @@
+"""Each claim's verdict rule on synthetic summaries: a reproduced case, a not-reproduced case, and what it needs."""
+
+import numpy as np
+import pytest
+
+from phasekv.report import claims
+from phasekv.report.claims import NOT_REPRODUCED, REPRODUCED, UNTESTABLE, Facts
+
+M = 24
+FULL1, FULL8, W8S8, W8S4 = "Full attention · 1 KV", "Full attention · 8 KV", "W8/S8 · 1 KV", "W8/S4 · 1 KV"
+FLAT = [90.0] * 8
+PERIODIC = [70, 70, 78, 45, 48, 23, 62, 6]  # the published seed-42 profile, rounded
+
+
+def lookup(phases, stride: int = 8, half: float = 2.0, n: int = 576) -> dict:
+    """A lookup summary.json whose residue r has the accuracy of phase r mod len(phases)."""
+    acc = np.array([phases[r % len(phases)] for r in range(M)], dtype=float)
+    mean, worst, best = acc.mean(), acc.min(), acc.max()
+    gap = best - worst
+    periodic = gap > 10
+    return {"mean": mean, "mean_ci": [mean - 1, mean + 1], "worst": worst, "worst_ci": [worst - half, worst + half],
+            "best": best, "gap": gap, "gap_ci": [max(gap - half, 0), gap + half], "records": 16,
+            "stride": stride or None, "detected_period": stride if periodic else 1,
+            "periodicity": {"p_value": 1e-4 if periodic else 0.6},
+            "groups": [{"residue": r, "n": n, "correct": int(round(acc[r] * n / 100)), "acc": acc[r]} for r in range(M)]}
+
+
+def facts(**runs) -> Facts:
+    """Facts with the same lookup under both paddings; runs: paper name -> summary."""
+    return Facts(lookup={"prefix": dict(runs), "in-sequence": dict(runs)})
+
+
+def test_c1_periodic_with_period_s():
+    f = facts(**{W8S8: lookup(PERIODIC), "W4/S4 · 1 KV": lookup(PERIODIC[:4], 4)})
+    v = claims.c1(f)
+    assert v.verdict == REPRODUCED and v.evidence["strides_tested"] == [4, 8]
+    assert "stride 12 (not run)" in v.reason and "stride 6 (not run)" in v.reason
+    f.lookup["prefix"]["W12/S12 · 1 KV"] = lookup([50.0] * 12, 12)  # flat: no period
+    assert claims.c1(f).verdict == NOT_REPRODUCED
+
+
+def test_c1_needs_a_run_that_learned():
+    assert claims.c1(Facts()).verdict == UNTESTABLE
+    v = claims.c1(facts(**{W8S8: lookup([5.0] * 8)}))  # at chance (1 of 16 names)
+    assert v.verdict == UNTESTABLE and "did not learn" in v.reason
+
+
+def test_c2_baselines_flat_under_both_paddings():
+    assert claims.c2(facts(**{FULL1: lookup(FLAT, 0)})).verdict == REPRODUCED
+    bumpy = facts(**{FULL1: lookup(FLAT, 0)})
+    bumpy.lookup["in-sequence"] = {FULL1: lookup([90, 90, 90, 70, 90, 90, 90, 90], 0)}
+    assert claims.c2(bumpy).verdict == NOT_REPRODUCED
+    one = Facts(lookup={"prefix": {FULL1: lookup(FLAT, 0)}})
+    assert claims.c2(one).verdict == UNTESTABLE
+
+
+def test_c3_mean_near_full_attention_worst_at_floor():
+    base = lookup([61.0] * 8, 0)
+    hidden = lookup([75, 75, 75, 70, 70, 70, 70, 10])  # mean 66.9, worst 10
+    assert claims.c3(facts(**{"W8/S8 · 8 KV": hidden, FULL8: base})).verdict == REPRODUCED
+    shallow = lookup([62, 62, 62, 62, 62, 62, 62, 50])  # worst 50: not near the floor
+    assert claims.c3(facts(**{"W8/S8 · 8 KV": shallow, FULL8: base})).verdict == NOT_REPRODUCED
+    v = claims.c3(facts(**{"W8/S8 · 8 KV": hidden}))
+    assert v.verdict == UNTESTABLE and "Full attention · 8 KV (not run)" in v.reason
+
+
+def test_c4_phases_inside_the_window_differ():
+    assert claims.c4(facts(**{W8S8: lookup(PERIODIC)})).verdict == REPRODUCED
+    boundary_only = lookup([50, 52, 55, 50, 52, 48, 50, 5])  # only the boundary phase is weak
+    assert claims.c4(facts(**{W8S8: boundary_only})).verdict == NOT_REPRODUCED
+    assert claims.c4(Facts()).verdict == UNTESTABLE
+
+
+def test_c5_persists_without_rope_and_gate():
+    runs = {FULL1: lookup(FLAT, 0), "W8/S8 · 1 KV · no RoPE": lookup(PERIODIC),
+            "W8/S8 · 1 KV · uniform averaging": lookup([30, 30, 30, 30, 30, 30, 30, 12])}
+    assert claims.c5(facts(**runs)).verdict == REPRODUCED
+    runs["W8/S8 · 1 KV · uniform averaging"] = lookup([30.0] * 8)  # flat
+    assert claims.c5(facts(**runs)).verdict == NOT_REPRODUCED
+    assert claims.c5(facts(**{FULL1: lookup(FLAT, 0)})).verdict == UNTESTABLE
+
+
+def test_c6_overlap_narrows_without_removing():
+    runs = {FULL1: lookup(FLAT, 0), W8S8: lookup(PERIODIC), W8S4: lookup([70, 70, 70, 40], 4)}
+    assert claims.c6(facts(**runs)).verdict == REPRODUCED
+    runs[W8S4] = lookup([80, 80, 80, 8], 4)  # gap as wide as W8/S8's
+    assert claims.c6(facts(**runs)).verdict == NOT_REPRODUCED
+    runs[W8S4] = lookup(FLAT[:4], 4)  # removed
+    assert claims.c6(facts(**runs)).verdict == NOT_REPRODUCED
+
+
+def _ko(spec: float) -> dict:
+    return {"strongest": [{"unit": "L0·KV0", "specificity": spec}]}
+
+
+def test_c7_knockouts_phase_specific_only_when_compressed():
+    f = facts(**{FULL1: lookup(FLAT, 0), W8S8: lookup(PERIODIC)})
+    f.knockout = {FULL1: _ko(0.05), W8S8: _ko(0.8)}
+    assert claims.c7(f).verdict == REPRODUCED
+    f.knockout[FULL1] = _ko(0.5)
+    assert claims.c7(f).verdict == NOT_REPRODUCED
+    f.knockout = {W8S8: _ko(0.8)}
+    assert claims.c7(f).verdict == UNTESTABLE
+
+
+def test_c8_concentrated_gates_line_up_with_knockouts():
+    f = facts(**{W8S8: lookup(PERIODIC)})
+    head = {"layer": 0, "kv_head": 0, "static": 1.4, "ko_worst_phase": 2, "key_peak_phase": 2,
+            "value_peak_phase": 3, "key_loss_corr": 0.8, "value_loss_corr": 0.6}
+    f.gates = {W8S8: {"alignment": [head]}}
+    assert claims.c8(f).verdict == REPRODUCED
+    f.gates = {W8S8: {"alignment": [{**head, "static": 6.5}]}}  # spread over the window
+    assert claims.c8(f).verdict == NOT_REPRODUCED
+    f.gates = {W8S8: {"alignment": [{**head, "key_peak_phase": 5, "key_loss_corr": -0.2, "value_loss_corr": 0.1}]}}
+    assert claims.c8(f).verdict == NOT_REPRODUCED  # concentrated, but not where the knockout hurts
+    assert claims.c8(Facts()).verdict == UNTESTABLE
+
+
+def _cycle(r2_hi: float, boundary_acc: float) -> dict:
+    profile = np.array([70, 70, 78, 45, 48, 23, 62, boundary_acc], dtype=float)
+    return {"grid": [{"delta": d, "r2": r2_hi - 0.1, "r2_lo": r2_hi - 0.2, "r2_hi": r2_hi} for d in (-1, 1)],
+            "boundary_phase": 7, "profiles": {-1: profile, 0: profile, 1: profile}}
+
+
+def test_c9_cycling_moves_weak_phases_boundary_stays():
+    f = facts(**{FULL1: lookup(FLAT, 0), W8S8: lookup(PERIODIC)})
+    f.cycle = {W8S8: _cycle(0.95, 6.0)}
+    assert claims.c9(f).verdict == REPRODUCED
+    f.cycle = {W8S8: _cycle(0.5, 6.0)}  # R² below the published range
+    assert claims.c9(f).verdict == NOT_REPRODUCED
+    f.cycle = {W8S8: _cycle(0.95, 90.0)}  # the boundary phase became strong
+    assert claims.c9(f).verdict == NOT_REPRODUCED
+    f.cycle = {}
+    assert claims.c9(f).verdict == UNTESTABLE
+
+
+def test_c10_theory_checks():
+    t = {"minimisers": {"claim_reproduced": True}, "flow": {"claim_reproduced": True, "collisions_occur": True}}
+    assert claims.c10(Facts(theory=t)).verdict == REPRODUCED
+    t["flow"]["collisions_occur"] = False
+    assert claims.c10(Facts(theory=t)).verdict == NOT_REPRODUCED
+    assert claims.c10(Facts()).verdict == UNTESTABLE
+
+
+@pytest.mark.parametrize("f", [Facts(), facts(**{W8S8: lookup(PERIODIC)})])
+def test_every_claim_gets_a_verdict(f):
+    found = [v.to_dict() for v in claims.verdicts(f)]
+    assert [v["claim"] for v in found] == [f"C{i}" for i in range(1, 11)]
+    assert all(v["verdict"] in (REPRODUCED, NOT_REPRODUCED, UNTESTABLE) and v["reason"] and v["text"] for v in found)
+
+
+def test_models_without_a_paper_name_are_left_out(study_dir, tmp_path):
+    import shutil
+
+    from phasekv.report import load_study
+
+    root = tmp_path / "hf"
+    shutil.copytree(study_dir / "eval", root / "eval")
+    shutil.copytree(root / "eval" / "lookup-prefix" / "w8s8-1kv", root / "eval" / "lookup-prefix" / "my-hf-model")
+    path = root / "eval" / "lookup-prefix" / "my-hf-model" / "summary.json"
+    path.write_text(path.read_text().replace("W8/S8 · 1 KV", "Qwen3-0.6B (HF)"))
+    f = claims.facts(load_study(root))
+    assert "Qwen3-0.6B (HF)" not in f.lookup["prefix"] and W8S8 in f.lookup["prefix"]
+    assert len(claims.verdicts(f)) == 10
