@@ -72,9 +72,11 @@ class Timing:
     best: float  # fastest call: the cost without preemption by other processes on a shared machine
 
 
-def interleaved(fns: dict[str, Callable[[], object]], reps: int, device: torch.device, warmup: int = 1) -> dict:
+def interleaved(fns: dict[str, Callable[[], object]], reps: int, device: torch.device, warmup: int = 1,
+                clock: Callable[[], float] = time.perf_counter) -> dict:
     """Timing of each fn, measured round-robin so that load from other processes hits every contender alike
-    (the ratios are what matters on a shared machine)."""
+    (the ratios are what matters on a shared machine). `clock=time.thread_time` times single-threaded CPU
+    work by the CPU it used, which waiting for a busy core does not inflate."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -82,10 +84,10 @@ def interleaved(fns: dict[str, Callable[[], object]], reps: int, device: torch.d
     for _ in range(reps):
         for name, fn in fns.items():
             sync(device)
-            t = time.perf_counter()
+            t = clock()
             fn()
             sync(device)
-            times[name].append(time.perf_counter() - t)
+            times[name].append(clock() - t)
     return {k: Timing(statistics.median(v), min(v)) for k, v in times.items()}
 
 

@@ -1,5 +1,6 @@
 """Every phasekv benchmark in one run (`make bench`): attention layer time, peak memory, decode step time and
-cache bytes, evaluation and training throughput. CPU default: 1 torch thread (set explicitly; on a shared
+cache bytes, evaluation and training throughput, the training step against a plain reference model, and the
+demo's CPU-minutes from its demo.json when there is one. CPU default: 1 torch thread (set explicitly; on a shared
 2-core machine more threads make small ops far slower), sizes chosen to finish in under 10 minutes.
 `--device cuda --dtype bf16 --gpu` runs the long-context sizes instead (see benchmarks/gpu.sh).
 """
@@ -13,6 +14,8 @@ import bench_attention
 import bench_decode
 import bench_memory
 import bench_throughput
+import demo_cost
+import train_throughput
 from common import DTYPES
 
 
@@ -22,7 +25,8 @@ def main() -> None:
     p.add_argument("--dtype", default="fp32", choices=list(DTYPES))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--gpu", action="store_true", help="GPU sizes: T up to 128K, bigger decode batches")
-    p.add_argument("--only", default="attention,memory,decode,throughput", help="comma-separated subset")
+    p.add_argument("--only", default="attention,memory,decode,throughput,train,demo", help="comma-separated subset")
+    p.add_argument("--demo", default="demo_out/demo.json", help="the demo.json whose cost to print")
     args = p.parse_args()
     common = ["--device", args.device, "--dtype", args.dtype, "--threads", str(args.threads)]
     only = set(args.only.split(","))
@@ -44,6 +48,10 @@ def main() -> None:
             bench_decode.main(common + ["--batch", str(batch), "--reps", "15" if not args.gpu else "50"])
     if "throughput" in only:
         bench_throughput.main(common)
+    if "train" in only:
+        train_throughput.main(common + ["--presets", "tiny,small" if args.gpu else "tiny"])
+    if "demo" in only:
+        demo_cost.main(["--demo", args.demo])
     print(f"\nall benchmarks: {time.perf_counter() - start:.0f} s wall")
 
 

@@ -1,5 +1,6 @@
-"""Training throughput: tokens/s of one optimizer step (forward, backward, AdamW) of full attention vs
-W8/S8 · 1 KV at the `tiny` and `small` presets, measured interleaved in one run, and their ratio.
+"""Training step: one optimizer step (forward, backward, AdamW) of full attention and W8/S8 · 1 KV against a
+plain reference model of the same shape (`reference_model.ReferenceLM`), at the `tiny` and `small` presets,
+measured interleaved in one run; ratio = step time / the reference's (goal <= 1.0).
 
 The step is the training loop's own (`phasekv.train.loop.loss_sum` + AdamW); batches are random tokens of
 the preset's vocabulary (throughput does not depend on the data).
@@ -8,25 +9,33 @@ the preset's vocabulary (throughput does not depend on the data).
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
+import torch.nn.functional as F
 from common import add_common_args, fmt_t, header, interleaved, setup
+from reference_model import ReferenceLM
 
 from phasekv import ModelConfig, PhaseLM
 from phasekv.train.loop import loss_sum
 
 SHAPES = {"tiny": (64, 96), "small": (8, 512)}  # preset: (batch, seq_len); tiny = the train defaults
+REFERENCE = "reference (plain PyTorch)"
 
 
 def make_step(arch: str, preset: str, batch: int, seq_len: int, device, autocast: bool):
     torch.manual_seed(0)
-    model = PhaseLM(ModelConfig.from_name(arch, preset=preset)).to(device)
+    cfg = ModelConfig.from_name("Full attention · 1 KV" if arch == REFERENCE else arch, preset=preset)
+    model = (ReferenceLM(cfg) if arch == REFERENCE else PhaseLM(cfg)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator(device="cpu").manual_seed(1)
     ids = torch.randint(0, model.config.vocab_size, (batch, seq_len + 1), generator=g).to(device)
 
     def step():
-        loss = loss_sum(model, ids[:, :-1], ids[:, 1:], autocast)
+        if arch == REFERENCE:  # a plain training script's loss: logits everywhere (random tokens: all labelled)
+            loss = F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten(), reduction="sum")
+        else:
+            loss = loss_sum(model, ids[:, :-1], ids[:, 1:], autocast)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -34,24 +43,26 @@ def make_step(arch: str, preset: str, batch: int, seq_len: int, device, autocast
     return step
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = add_common_args(argparse.ArgumentParser(description=__doc__))
     p.add_argument("--reps", type=int, default=10, help="timed steps per model")
     p.add_argument("--presets", default="tiny,small")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     device, _ = setup(args)
-    header("training throughput: full attention vs W8/S8 · 1 KV", args,
-           "one optimizer step = forward + backward + AdamW; median of interleaved steps")
+    header("training step: full attention and W8/S8 · 1 KV vs a plain reference model of the same shape", args,
+           "one optimizer step = forward + backward + AdamW; median of interleaved steps (CPU time of the one "
+           "thread on CPU); ratio = step time / reference's (goal <= 1.0)")
     autocast = device.type == "cuda" and args.dtype == "bf16"
-    archs = ["Full attention · 1 KV", "W8/S8 · 1 KV"]
+    archs = [REFERENCE, "Full attention · 1 KV", "W8/S8 · 1 KV"]
     for preset in args.presets.split(","):
         B, T = SHAPES[preset]
         steps = {a: make_step(a, preset, B, T, device, autocast) for a in archs}
-        t = interleaved(steps, args.reps, device)
-        tps = {a: B * T / t[a].median for a in archs}
+        single_cpu = device.type == "cpu" and torch.get_num_threads() == 1  # CPU time: robust to a busy machine
+        t = interleaved(steps, args.reps, device, clock=time.thread_time if single_cpu else time.perf_counter)
         for a in archs:
-            print(f"{preset:6s} {a:24s} batch {B} x {T}: {fmt_t(t[a].median)}/step (best {fmt_t(t[a].best)})  {tps[a]:10,.0f} tokens/s")
-        print(f"{preset:6s} W8/S8 / full attention throughput ratio: {tps[archs[1]] / tps[archs[0]]:.2f}")
+            print(f"{preset:6s} {a:26s} batch {B} x {T}: {fmt_t(t[a].median)}/step (best {fmt_t(t[a].best)})  "
+                  f"{B * T / t[a].median:10,.0f} tokens/s  {t[a].median / t[REFERENCE].median:.2f}x reference",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,13 @@ BACKENDS = ("blockwise", "flex", "reference")
 _backend = "blockwise"
 
 
-def block_size(device: torch.device) -> int:
-    """Queries per block: small on CPU (work ~ block * (n_visible + block)), large on GPUs (launch cost)."""
-    return 128 if device.type == "cpu" else 1024
+def block_size(device: torch.device, length: int) -> int:
+    """Queries per block of a `length`-token chunk: large on GPUs (launch cost); small on CPU, where work ~
+    block * (n_visible + block): 32 up to 2K tokens (training at 96 and the lookup at 194 tokens run 20-25%
+    faster than at 128), 128 beyond, where the extra calls cost as much as the smaller bands save (measured)."""
+    if device.type != "cpu":
+        return 1024
+    return 32 if length <= 2048 else 128
 
 
 def backend() -> str:
@@ -56,7 +60,7 @@ def blockwise_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev
     exact k, v (B, n_kv, T, D) of the same positions; ring: exact rk, rv (B, n_kv, R, D) at rpos (R,)
     held from before pos[0]; sinks (H,) attention-sink logits or None. Returns (B, H, T, D), equal to
     `attend` over `Grid.mask`."""
-    block = block or block_size(q.device)
+    block = block or block_size(q.device, q.shape[2])
     tied = ev is ek and v is k
     rk, rv, rpos = ring if ring is not None else (k[:, :, :0], v[:, :, :0], pos[:0])
     j = torch.arange(ek.shape[2], device=q.device)

@@ -101,32 +101,39 @@ class CompressorBranch(nn.Module, ABC):
             return params
         return tuple(None if p is None else p[:, heads] for p in params)
 
-    def logits(self, windows: torch.Tensor, params: OffsetParams | None = None) -> torch.Tensor:
-        """Gate logits s (B, n, W, n_kv, G) of windows (B, n, W, d); zeros for uniform averaging."""
-        payload, gate, bias = params or self.offset_params()
+    def project(self, windows: torch.Tensor, heads: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Payloads C_i h (B, n, W, n_kv, d_head) and gate logits s (B, n, W, n_kv, G) of windows (B, n, W, d) for
+        the KV heads `heads` (all when None), both from one product (one batched matmul, not two, the gate's with
+        G = 1 columns); zero logits for uniform averaging."""
+        payload, gate, bias = self.head_params(heads)  # once: a variant may build them from shared weights
         if gate is None:
             B, n, W, _ = windows.shape
-            return windows.new_zeros(B, n, W, payload.shape[1], 1)
-        s = torch.einsum("bnwd,wkgd->bnwkg", windows, gate)  # (B, n, W, n_kv, G)
-        return s if bias is None else s + bias
+            c = torch.einsum("bnwd,wkcd->bnwkc", windows, payload)  # (B, n, W, n_kv, d_head)
+            return c, windows.new_zeros(B, n, W, payload.shape[1], 1)
+        both = torch.einsum("bnwd,wkcd->bnwkc", windows, torch.cat([payload, gate], 2))  # (B, n, W, n_kv, d_head + G)
+        c, s = both.split([payload.shape[2], gate.shape[2]], -1)
+        return c, (s if bias is None else s + bias)
+
+    def logits(self, windows: torch.Tensor, heads: slice | None = None) -> torch.Tensor:
+        """Gate logits s (B, n, W, n_kv, G) of windows (B, n, W, d) for the KV heads `heads` (all when None); zeros
+        for uniform averaging."""
+        return self.project(windows, heads)[1]
 
     def gate_scores(self, windows: torch.Tensor, heads: slice | None = None) -> torch.Tensor:
         """alpha (B, n, W, n_kv, G) of the KV heads `heads` (all when None): softmax over the W offsets of each
         complete window."""
-        return self.logits(windows, self.head_params(heads)).softmax(dim=2)
+        return self.logits(windows, heads).softmax(dim=2)
 
     def partial(self, windows: torch.Tensor, present: torch.Tensor | None = None, heads: slice | None = None) -> Partial:
         """Partials of windows (B, n, W, d) for the KV heads `heads` (all when None); `present` (n, W), or
         (1 or B, n, W) per sequence, marks the offsets whose tokens are given."""
-        params = self.head_params(heads)  # once: a variant may build them from shared weights
-        s = self.logits(windows, params)  # (B, n, W, n_kv, G)
+        payload, s = self.project(windows, heads)  # (B, n, W, n_kv, d_head), (B, n, W, n_kv, G)
         if present is not None:
             mask = present if present.dim() == 3 else present[None]  # (1 or B, n, W)
             s = s.masked_fill(~mask[:, :, :, None, None], float("-inf"))
         m = s.amax(dim=2)  # (B, n, n_kv, G)
         m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
         e = (s - m_safe[:, :, None]).exp()  # (B, n, W, n_kv, G), 0 at absent offsets
-        payload = torch.einsum("bnwd,wkcd->bnwkc", windows, params[0])  # (B, n, W, n_kv, d_head)
         return Partial(m, e.sum(dim=2), (e * payload).sum(dim=2))
 
     def token_partial(self, h: torch.Tensor, offsets: torch.Tensor, heads: slice | None = None) -> Partial:

@@ -44,9 +44,13 @@ class Rope:
             return x
         cos, sin = (self._spread(a) for a in rope_angles(pos, self.dims, self.theta))  # (T, r)
         if self.layout == "leading":
-            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-            xr, xp = x[..., : self.dims], x[..., self.dims :]
-            return torch.cat([xr * cos + self._rotate(xr) * sin, xp], dim=-1)
+            # rotate-half's sign sits in the table: roll(xr) * [-sin, sin] = _rotate(xr) * sin, exactly
+            half = self.dims // 2
+            cos, sin = cos.to(x.dtype), torch.cat([-sin[..., :half], sin[..., half:]], -1).to(x.dtype)  # (T, r)
+            whole = self.dims == x.shape[-1]
+            xr = x if whole else x[..., : self.dims]
+            out = xr * cos + xr.roll(half, -1) * sin
+            return out if whole else torch.cat([out, x[..., self.dims :]], dim=-1)
         xp, xr = x[..., : -self.dims], x[..., -self.dims :]  # fp32 as in V4
         return torch.cat([xp, (xr.float() * cos + self._rotate(xr).float() * sin).to(x.dtype)], dim=-1)
 

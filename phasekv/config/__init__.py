@@ -5,6 +5,17 @@ It sits below `attention` and `model` because both build modules from a config; 
 `phasekv.errors`, so every layer above can describe a model without building one.
 """
 
-from phasekv.config.model import CONFIG_VERSION, GATES, PRESETS, ModelConfig, preset_fields
+from phasekv.config.model import (
+    BACKBONE_FIELDS,
+    CONFIG_VERSION,
+    GATES,
+    PRESETS,
+    ModelConfig,
+    entries_per_record,
+    format_overrides,
+    parse_overrides,
+    preset_fields,
+)
 
-__all__ = ["CONFIG_VERSION", "GATES", "PRESETS", "ModelConfig", "preset_fields"]
+__all__ = ["BACKBONE_FIELDS", "CONFIG_VERSION", "GATES", "PRESETS", "ModelConfig", "entries_per_record",
+           "format_overrides", "parse_overrides", "preset_fields"]

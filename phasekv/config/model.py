@@ -21,6 +21,10 @@ PRESETS: dict[str, dict] = {
     # leave these widths on a chance-level plateau of associative recall for thousands of steps
     "tiny": dict(n_layers=2, d_model=64, n_heads=4, head_dim=32, d_ff=192, rope_theta=1e4, vocab_size=512,
                  tie_embeddings=False),
+    # the study's regime at CPU scale: tiny with 4 layers (one compressed entry per record for W8/S8 · 1 KV, where
+    # tiny's 2 layers have half one: all-or-nothing phases) and 8 query heads (the grid's 8-KV-head runs)
+    "cpu-study": dict(n_layers=4, d_model=64, n_heads=8, head_dim=32, d_ff=192, rope_theta=1e4, vocab_size=512,
+                      tie_embeddings=False),
     # tiny with 8 query heads: the smallest backbone on which every run of the study's grid is valid (8 KV heads
     # need >= 8 query heads); `phasekv study`'s default
     "tiny-8h": dict(n_layers=2, d_model=64, n_heads=8, head_dim=32, d_ff=192, rope_theta=1e4, vocab_size=512,
@@ -34,10 +38,65 @@ PRESETS: dict[str, dict] = {
 }
 
 
+BACKBONE_FIELDS = ("n_layers", "d_model", "n_heads", "head_dim", "d_ff", "rope_theta", "norm_eps", "tie_embeddings",
+                   "init_std")  # what `--set` may override in a preset (the vocabulary comes from the tokenizer)
+
+
 def preset_fields(preset: str) -> dict:
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
     return {**PRESETS[preset], "preset": preset}
+
+
+def entries_per_record(n_layers: int, n_kv_heads: int, stride: int, tokens_per_record: int = 2) -> float:
+    """Compressed entries a model can spend on each record of a dense prompt: layers x KV heads x tokens per
+    record / S (one entry holds about one record). Below 1 some records cannot have an entry of their own and a
+    W = S model keeps some offsets and loses the rest (all-or-nothing phases); the study's W8/S8 · 1 KV has 7."""
+    return n_layers * n_kv_heads * tokens_per_record / stride
+
+
+def parse_overrides(value: str | dict | None, source: str = "--set") -> dict:
+    """Backbone overrides of a preset, from `'n_layers=4,d_model=96'` (command line) or a mapping (sweep file,
+    run config): {field: value}, each a backbone field with a value of its type (`none` for init_std)."""
+    if not value:
+        return {}
+    if isinstance(value, str):
+        pairs = [p.strip().partition("=") for p in value.split(",") if p.strip()]
+        bad = next((k + s + v for k, s, v in pairs if not s or not k.strip() or not v.strip()), None)
+        if bad is not None:
+            raise ConfigError(f"{source}: expected field=value pairs like 'n_layers=4,d_model=96', got {bad!r}")
+        value = {k.strip(): v.strip() for k, _, v in pairs}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source}: expected field=value pairs or a table, got {value!r}")
+    out = {}
+    for key, raw in value.items():
+        if key not in BACKBONE_FIELDS:
+            raise ConfigError(f"{source}: {key!r} is not a backbone field (known: {', '.join(BACKBONE_FIELDS)}; "
+                              "compression attributes, KV heads and seed come from the model name)")
+        out[key] = _typed(key, raw, source)
+    return out
+
+
+def format_overrides(overrides: dict) -> str:
+    """{field: value} as `parse_overrides` reads it back: 'n_layers=4,d_model=96'."""
+    return ",".join(f"{k}={v}" for k, v in overrides.items())
+
+
+def _typed(key: str, raw, source: str):
+    """`raw` (a string from the command line, or a TOML/JSON value) as the type of ModelConfig field `key`."""
+    kind = ModelConfig.__dataclass_fields__[key].type  # "int", "float", "bool" or "float | None"
+    text = str(raw).strip().lower()
+    if kind == "bool":
+        if isinstance(raw, bool) or text in ("true", "false"):
+            return raw if isinstance(raw, bool) else text == "true"
+    elif kind.endswith("| None") and (raw is None or text == "none"):
+        return None
+    elif not isinstance(raw, bool):
+        try:
+            return (float if kind.startswith("float") else int)(str(raw).strip())  # "4.0" is not an int
+        except ValueError:
+            pass
+    raise ConfigError(f"{source}: {key}={raw!r} is not a valid {kind.removesuffix(' | None')}")
 
 
 @dataclass
@@ -99,6 +158,20 @@ class ModelConfig:
     @property
     def alias(self) -> str:
         return format_alias(self)
+
+    @property
+    def entries_per_record(self) -> float | None:
+        """`entries_per_record` of this model on records of 2 tokens (key, name); None for full attention."""
+        return entries_per_record(self.n_layers, self.n_kv_heads, self.stride) if self.compressed else None
+
+    @property
+    def backbone(self) -> str:
+        """The preset and the backbone fields that differ from it: 'tiny', 'tiny · n_layers=4,d_model=96'."""
+        if self.preset not in PRESETS:
+            return self.preset
+        base = {f: ModelConfig.__dataclass_fields__[f].default for f in BACKBONE_FIELDS} | PRESETS[self.preset]
+        changed = {k: getattr(self, k) for k in BACKBONE_FIELDS if getattr(self, k) != base[k]}
+        return self.preset + (f" · {format_overrides(changed)}" if changed else "")
 
     def grid_offset(self, layer: int) -> int:
         """Phase at which `layer` starts its window grid (0 unless staggered windows)."""

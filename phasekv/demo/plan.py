@@ -21,12 +21,17 @@ class DemoPlan:
     preset: str = "tiny"
     # --- training (phasekv train on synthetic associative recall: 2-16 records over 32 keys and 32 names, queries
     #     drawn with replacement, every record followed by 1-4 filler words; measured, see README) ---
-    steps: int = 1600  # optimizer steps per model (5 models + analyses fit 20 min on 2 idle cores)
-    more_steps: dict = field(default_factory=lambda: {"W8/S8 · 1 KV · uniform averaging": 3200})  # models that
-    #                  need longer: averaging a window has no gate to pick the record, so uniform averaging learns
-    #                  slowly (this recipe, lookup: mean 10.5, gap 9.7 [5.7, 10.9] at 2,400 steps; mean 19.5,
-    #                  gap 21.0 [15.8, 22.9], period 8 at 3,200; measured)
-    batch_size: int = 64  # sequences per step
+    steps: int = 1000  # optimizer steps per model (W8/S4 at 1,000: mean 73.8, gap 87.4 [84.8, 89.9], period 4, as
+    #                    at 1,600: 71.7, 93.8; full attention's and W6/S6's training loss is flat from ~800-1,000
+    #                    steps of 1,600; measured)
+    batch_size: int = 64  # sequences per step (at 32, per step, W8/S8 learned far slower: loss 2.95 and a lookup
+    #                       mean of 3.9% after 1,000 steps, where 64 had 0.82; measured)
+    per_model: dict = field(default_factory=lambda: {"W8/S8 · 1 KV": {"steps": 1600},
+                                                     "W8/S8 · 1 KV · uniform averaging": {"steps": 3200}})  # models
+    #   trained longer: W8/S8 is still learning at 1,000 steps (mean 20.4, gap 41.8 [38.4, 45.2], period 8 there;
+    #   33.5, 96.9 at 1,600). Averaging a window has no gate to pick the record, so uniform averaging learns slowly
+    #   (mean 10.5, gap 9.7 [5.7, 10.9] at 2,400 steps; mean 19.5, gap 21.0 [15.8, 22.9], period 8 at 3,200; at
+    #   lr 6e-3 its loss was no lower by 1,700 steps; at batch 32 it stayed at ~2.3 through 3,200; measured)
     seq_len: int = 96  # tokens per training sequence (~7 spaced-out records fit; lookup prompts are 90)
     lr: float = 3e-3
     warmup: int = 100
@@ -57,14 +62,25 @@ class DemoPlan:
     # --- theory ---
     theory_quick: bool = True  # phasekv.theory.run_all(quick=...)
 
+    def training_of(self, model: str) -> dict:
+        """{"steps", "batch_size", "lr"} of `model` (any spelling of a name: paper name or alias)."""
+        own = {tuple(sorted(parse_name(m).items())): o for m, o in self.per_model.items()}
+        base = {"steps": self.steps, "batch_size": self.batch_size, "lr": self.lr}
+        return base | own.get(tuple(sorted(parse_name(model).items())), {})
+
     def steps_of(self, model: str) -> int:
-        """Optimizer steps of `model` (any spelling of a name: paper name or alias)."""
-        more = {tuple(sorted(parse_name(m).items())): n for m, n in self.more_steps.items()}
-        return more.get(tuple(sorted(parse_name(model).items())), self.steps)
+        return self.training_of(model)["steps"]
+
+    def sequences_of(self, model: str) -> int:
+        """Training sequences of `model` (steps x batch): what its training costs."""
+        t = self.training_of(model)
+        return t["steps"] * t["batch_size"]
 
     def steps_text(self) -> str:
-        """The training budget in words, e.g. '1600 steps per model (W8/S8 · 1 KV · uniform averaging: 3200)'."""
-        return f"{self.steps} steps per model" + "".join(f" ({m}: {n})" for m, n in self.more_steps.items())
+        """The training budget in words, e.g. '1200 steps of 32 sequences per model (W8/S8 · 1 KV · uniform
+        averaging: 2400 steps of 64, lr 0.006)'."""
+        return f"{self.steps} steps of {self.batch_size} sequences per model" + "".join(
+            f" ({m}: {', '.join(_setting(k, v) for k, v in o.items())})" for m, o in self.per_model.items())
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -79,7 +95,7 @@ def plan_for(quick: bool) -> DemoPlan:
     models to the point where the effects show; it exercises every stage and the report)."""
     if not quick:
         return DemoPlan(mode="full")
-    return DemoPlan(mode="quick", steps=30, more_steps={}, warmup=10, ckpt_every=15, batch_size=32, per_group=24, mappings=8,
+    return DemoPlan(mode="quick", steps=30, per_model={}, warmup=10, ckpt_every=15, batch_size=32, per_group=24, mappings=8,
                     ko_per_group=24,
                     n_cal=32, gate_prompts=32, cycle_per_group=24, deltas=[-1, 1], n_boot=200, flip_lengths=8)
 
@@ -91,10 +107,17 @@ STUDY_QUICK = dict(per_group=8, ko_per_group=8, cycle_per_group=8, n_cal=16, gat
 
 def study_plan(quick: bool, preset: str = STUDY_PRESET) -> DemoPlan:
     """The whole study (SPEC §3: the paper's grid, 26 runs with the full-attention baselines) with the demo's
-    recipe and sizes at `preset`; --quick: smoke budgets (STUDY_QUICK). Every uniform-averaging run gets the
-    demo's longer budget for uniform averaging."""
+    recipe and sizes at `preset`; --quick: smoke budgets (STUDY_QUICK). Every run gets the longest budget of the
+    demo's models with a gate (the grid's models are not measured at the shorter ones), every uniform-averaging
+    run the demo's budget for uniform averaging."""
     demo = plan_for(quick)
-    uniform = demo.steps_of("W8/S8 · 1 KV · uniform averaging")
-    more = {m: uniform for m in PAPER_GRID if uniform != demo.steps and parse_name(m).get("gate") == "uniform"}
-    return dataclasses.replace(demo, kind="study", models=list(PAPER_GRID), preset=preset, more_steps=more,
-                               **(STUDY_QUICK if quick else {}))
+    steps = max(demo.steps_of(m) for m in demo.models if parse_name(m).get("gate") != "uniform")
+    uniform = demo.training_of("W8/S8 · 1 KV · uniform averaging")
+    base = {"steps": steps, "batch_size": demo.batch_size, "lr": demo.lr}
+    per_model = {m: uniform for m in PAPER_GRID if uniform != base and parse_name(m).get("gate") == "uniform"}
+    return dataclasses.replace(demo, kind="study", models=list(PAPER_GRID), preset=preset, steps=steps,
+                               per_model=per_model, **(STUDY_QUICK if quick else {}))
+
+
+def _setting(key: str, value) -> str:
+    return {"steps": f"{value} steps", "batch_size": f"batch {value}", "lr": f"lr {value:g}"}.get(key, f"{key} {value}")

@@ -148,8 +148,8 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
                       lambda: done(lay.compare), [t.name for t in prefix]))
     tasks.append(Task("theory checks", stages.theory, {"plan": p, "out": str(lay.theory)},
                       lambda: all((lay.theory / c / "summary.json").is_file() for c in THEORY_CHECKS)))
-    # trainings first, the longest first (it is the critical path), then in model order
-    tasks.sort(key=lambda t: (0, -plan.steps_of(t.kwargs["arch"])) if t.name.startswith("train ") else (1, 0))
+    # trainings first, the longest (most sequences) first: it is the critical path; then in model order
+    tasks.sort(key=lambda t: (0, -plan.sequences_of(t.kwargs["arch"])) if t.name.startswith("train ") else (1, 0))
     lookups = [t.name for t in tasks if t.name.startswith(LOOKUP.name)]
     tasks.append(Task("example prompts", stages.examples,
                       {"plan": p, "root": str(root), "aliases": list(cfgs), "tokenizer_run": str(lay.run(next(iter(cfgs))))},
@@ -169,7 +169,7 @@ def _manifest(root: Path, plan: DemoPlan, jobs: int) -> dict:
             "version": __version__, "threads": f"{jobs} worker process(es) × 1",
             "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, torch {torch.__version__}",
             "data": {"description": f"synthetic associative recall ({', '.join(f'{k}={v}' for k, v in plan.recall.items())}), "
-                                    f"seq_len {plan.seq_len}, batch {plan.batch_size}, {plan.steps_text()}; lookup "
+                                    f"seq_len {plan.seq_len}, {plan.steps_text()}; lookup "
                                     f"prompts: {plan.records} records, {plan.demos} demonstrations, filler "
                                     f"{plan.filler}, M = {plan.modulus}, {plan.per_group} prompts per residue group"},
             "created": old.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from phasekv.eval.stats import periodicity_test
+from phasekv.eval.stats import periodicity_test, phase_profile
 
 MIN_PER_GROUP = 16  # fewest prompts per residue group of a kept-N design
 
@@ -63,7 +63,7 @@ def ratio_tests(summary: dict, ratios: dict[int, list[str]], n_perm: int = 10000
     for r, types in ratios.items():
         if M % r:
             continue
-        fold = acc.reshape(M // r, r).mean(0)  # (r,)
+        fold = phase_profile(acc, r)  # (r,)
         per = periodicity_test(acc / 100, r, n_perm=n_perm, seed=seed) if r < M else {"power": None, "p_value": None}
         out.append({"ratio": r, "layer_types": types, "modulus": M, "phase_profile": fold.round(3).tolist(),
                     "weakest_phase": int(np.argmin(fold)), "phase_gap": float(fold.max() - fold.min()),

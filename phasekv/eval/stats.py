@@ -202,6 +202,24 @@ def gap_estimate(hits: np.ndarray, trials: np.ndarray, n_boot: int = 2000, seed:
     return max(est, 0.0), np.clip([lo * se, hi * se], 0.0, 1.0)
 
 
+def phase_profile(acc, stride: int) -> np.ndarray:
+    """A residue profile acc (M,) folded mod `stride` (which divides M): the mean accuracy of each phase, (S,)."""
+    acc = np.asarray(acc, dtype=float)
+    return acc.reshape(len(acc) // stride, stride).mean(0)
+
+
+GRADED = (20.0, 90.0)  # a phase in between (percent) is neither lost nor kept
+
+
+def profile_kind(phases) -> str:
+    """'graded' (at least 3 phases between 20% and 90%, as in the study's 28-layer models), 'flat' (all phases
+    within 20 points) or 'all-or-nothing' (phases kept or lost: few compressed entries per record)."""
+    phases = np.asarray(phases, dtype=float)
+    if ((phases > GRADED[0]) & (phases < GRADED[1])).sum() >= 3:
+        return "graded"
+    return "flat" if np.ptp(phases) < 20 else "all-or-nothing"
+
+
 def fold_consistency(acc: np.ndarray, stride: int) -> float:
     """mean_r |A(r) - A(r+S)| over r = 0..M-S-1 (consecutive stride periods of the residue profile)."""
     acc = np.asarray(acc, dtype=float)

@@ -10,6 +10,7 @@ record's phase, depend on the words drawn, where one token per word keeps the pl
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sequence
 from importlib import resources
 
@@ -37,6 +38,7 @@ class WordTokenizer:
         self.name = name or type(tok).__name__
         self.hf = not isinstance(tok, Tokenizer)  # else a transformers tokenizer
         self._ids: dict[str, int | None] = {}
+        self._fingerprint: str | None = None
         probe = self.encode(_PROBE, special=False)
         full = self.encode(_PROBE, special=True)
         i = _find(full, probe)
@@ -57,6 +59,16 @@ class WordTokenizer:
         if self.hf:
             return self.tok.convert_ids_to_tokens(int(i))
         return self.tok.id_to_token(int(i)) or f"<{i}>"
+
+    @property
+    def fingerprint(self) -> str:
+        """What identifies how the tokenizer tokenises prompts: its serialisation (a `tokenizers` one, or a fast
+        transformers tokenizer's backend), special prefix and lead; a tokenizer without one is only itself."""
+        if self._fingerprint is None:
+            backend = getattr(self.tok, "backend_tokenizer", None) if self.hf else self.tok
+            text = backend.to_str() if backend is not None else f"object {id(self)}"
+            self._fingerprint = hashlib.sha256(f"{text}|{self.prefix}|{self.lead!r}".encode()).hexdigest()
+        return self._fingerprint
 
     @property
     def vocab_size(self) -> int:

@@ -24,6 +24,7 @@ from phasekv.eval.models import EvalModel, model_ratios
 from phasekv.eval.protocols import for_model, protocol, retrieval_protocols
 from phasekv.eval.ratios import RatioPlan, plan_ratios, ratio_tests
 from phasekv.eval.run import json_default, run_retrieval
+from phasekv.eval.stats import phase_profile
 from phasekv.io import write_json
 
 ALPHA = 0.01  # level of the period-S test in the verdict
@@ -45,7 +46,7 @@ def verdict(summary: dict, stride: int | None, max_gap: float) -> dict:
            "fold_consistency": summary.get("fold_consistency"),
            "weakest_residues": [{k: g[k] for k in ("residue", "acc", "lo", "hi")} for g in weakest]}
     if stride and M % stride == 0:
-        phase = acc.reshape(M // stride, stride).mean(0)  # (S,) profile folded mod S
+        phase = phase_profile(acc, stride)  # (S,)
         order = np.argsort(phase, kind="stable")
         out["phase_profile"] = phase.tolist()
         out["weakest_phases"] = [{"phase": int(i), "acc": float(phase[i])} for i in order[:3]]

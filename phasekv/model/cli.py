@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from phasekv.attention.compressor import layer_grid
-from phasekv.config import PRESETS, ModelConfig
+from phasekv.config import BACKBONE_FIELDS, PRESETS, ModelConfig, parse_overrides
 from phasekv.errors import ConfigError
 from phasekv.model.transformer import PhaseLM
 
@@ -18,6 +18,7 @@ console = Console()
 
 ARCH_HELP = "Model name as in the paper ('W8/S8 · 1 KV · no RoPE', 'Full attention · 8 KV') or its alias (w8s8-1kv-norope)."
 PRESET_HELP = f"Backbone preset: {', '.join(PRESETS)}."
+SET_HELP = f"Overrides of the preset's backbone, e.g. 'n_layers=4,d_model=96' (fields: {', '.join(BACKBONE_FIELDS)})."
 
 
 def cache_bytes(config: ModelConfig, context: int, batch_size: int = 1) -> int:
@@ -45,15 +46,16 @@ def register(app: typer.Typer) -> None:
     def info(
         arch: str = typer.Argument(..., help=ARCH_HELP),
         preset: str = typer.Option("tiny", help=PRESET_HELP),
+        overrides: str = typer.Option(None, "--set", help=SET_HELP),
         vocab_size: int = typer.Option(None, help="Vocabulary size (default: the preset's)."),
         context: int = typer.Option(32768, help="Context length for the cache-size column."),
     ) -> None:
         """Print a model's canonical name, alias, config, parameter count and decode-cache size."""
         if context < 1:
             raise ConfigError(f"--context {context} must be >= 1")
-        cfg = ModelConfig.from_name(arch, preset=preset, vocab_size=vocab_size)
+        cfg = ModelConfig.from_name(arch, preset=preset, vocab_size=vocab_size, **parse_overrides(overrides))
         full = cfg.full_attention()
-        table = Table(title=f"{cfg.name}  ({cfg.alias})")
+        table = Table(title=f"{cfg.name}  ({cfg.alias}) · backbone {cfg.backbone}")
         table.add_column("field")
         table.add_column("value")
         for k, v in cfg.to_dict().items():

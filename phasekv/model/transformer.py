@@ -56,8 +56,11 @@ class PhaseLM(nn.Module):
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.apply(lambda m: _init_weights(m, config))
 
-    def forward(self, input_ids: torch.Tensor, cache: PhaseCache | None = None) -> torch.Tensor:
-        """input_ids (B, T) -> logits (B, T, V). With a cache, the tokens continue the cached sequence."""
+    def forward(self, input_ids: torch.Tensor, cache: PhaseCache | None = None,
+                select: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids (B, T) -> logits (B, T, V). With a cache, the tokens continue the cached sequence. With
+        `select` (B, T) bool, only the selected positions' logits (n, V), in row-major order: a training loss
+        whose labels cover few positions (recall: ~8%) skips the LM head elsewhere."""
         B, T = input_ids.shape
         start = 0 if cache is None else cache.pos
         self._check_input(input_ids, start)
@@ -68,9 +71,9 @@ class PhaseLM(nn.Module):
             x = layer(x, pos, None if cache is None else cache.layers[i], shift)
         if cache is not None:
             cache.pos += T
-        x = self.norm(x)
+        x = self.norm(x if select is None else x[select])  # (B, T, d) or (n, d)
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return x @ weight.T  # (B, T, V)
+        return x @ weight.T  # (B, T, V) or (n, V)
 
     def _grid_shift(self, batch: int) -> torch.Tensor | None:
         """Grid jitter (training forward only): per sequence, a random 0..S-1 tokens by which every layer's

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from phasekv import config
 from phasekv.eval.protocols import LOOKUP
 from phasekv.report.load import Study, retrieval_evals
 from phasekv.report.published import CYCLING_R2
@@ -52,7 +53,7 @@ def entries_per_record(s: dict, stride: int) -> tuple[float, str] | None:
     if not cfg.get("n_layers") or not pc or not stride:
         return None
     per_record = pc.get("key_tokens", 1) + 1 + (pc.get("separator") is not None)  # tokens per record
-    n = cfg["n_layers"] * cfg.get("n_kv_heads", 1) * per_record / stride
+    n = config.entries_per_record(cfg["n_layers"], cfg.get("n_kv_heads", 1), stride, per_record)
     return n, f"{cfg['n_layers']} layers × {cfg.get('n_kv_heads', 1)} KV × {per_record} tokens per record / S={stride}"
 
 

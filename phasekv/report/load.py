@@ -14,7 +14,7 @@ import pandas as pd
 
 from phasekv.attention.compressor import learned_gates
 from phasekv.config import ModelConfig
-from phasekv.errors import DataError
+from phasekv.errors import DataError, PhaseKVError
 from phasekv.eval.protocols import FLIP, LOOKUP, PROTOCOLS, retrieval_protocols
 from phasekv.report.layout import ANALYSES, RESULTS, SUMMARY, THEORY_CHECKS, Layout
 
@@ -132,6 +132,15 @@ def _model(alias: str, hints: dict, preset: str = "tiny") -> Model:
         return Model(alias, name, int(hints.get("window") or stride), stride, gate, stride > 0 and gate != "uniform")
 
 
+def _regime(model_cfg: dict, run_dir: Path) -> dict:
+    """A phasekv model's backbone (preset and overrides) and compressed entries per record (`ModelConfig`)."""
+    try:
+        cfg = ModelConfig.from_dict(model_cfg, source=str(run_dir / "config.json"))
+    except PhaseKVError:  # a config this version cannot read: the report shows the preset alone
+        return {}
+    return {"backbone": cfg.backbone, "entries_per_record": cfg.entries_per_record}
+
+
 def _run_info(run_dir: Path) -> tuple[dict, pd.DataFrame | None, pd.DataFrame | None]:
     """Settings and outcome of a training run directory (config.json, metrics.jsonl, done.json)."""
     info: dict = {}
@@ -148,6 +157,7 @@ def _run_info(run_dir: Path) -> tuple[dict, pd.DataFrame | None, pd.DataFrame | 
         model_cfg = cfg.get("model", {})
         if isinstance(model_cfg, dict) and "name" in model_cfg:
             info["name"] = model_cfg["name"]
+            info.update(_regime(model_cfg, run_dir))
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     if (run_dir / "done.json").is_file():
         info.update({k: v for k, v in read_json(run_dir / "done.json").items() if not isinstance(v, dict | list)})

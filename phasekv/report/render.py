@@ -154,10 +154,15 @@ def section_grid(b: Builder) -> None:
 
 def section_runs(b: Builder) -> None:
     df = tables.run_table(b.study)
-    rows = [[esc(r.model), f"<code>{esc(r.alias)}</code>", fmt(r.preset), fmt(r.steps), fmt(r.tokens), fmt(r.seed),
-             fmt(r.seconds, 0), fmt(r.val_loss, 3), esc(str(r.status))] for r in df.itertuples()]
-    body = html.table(["model", "alias", "preset", "steps", "tokens", "seed", "train time (s)", "validation loss",
-                       "status"], rows, list(df.alias))
+    rows = [[esc(r.model), f"<code>{esc(r.alias)}</code>", fmt(r.backbone), fmt(r.entries_per_record, 2),
+             fmt(r.steps), fmt(r.tokens), fmt(r.seed), fmt(r.seconds, 0), fmt(r.val_loss, 3), esc(str(r.status))]
+            for r in df.itertuples()]
+    body = html.table(["model", "alias", "backbone", "entries / record", "steps", "tokens", "seed", "train time (s)",
+                       "validation loss", "status"], rows, list(df.alias))
+    body += ("<p>Entries per record: compressed entries all layers and KV heads write per key–name record of a "
+             "dense prompt (layers × KV heads × 2 / S). Below 1 a W = S model keeps some offsets and loses the "
+             "rest, so its phase profile is all-or-nothing; the study's 28-layer W8/S8 · 1 KV has 7 and a graded "
+             "profile (the retrieval tables say which each model shows).</p>")
     body += b.fig(figures.training(b.study, b.colors), "Training loss per model.", "training_loss")
     m = b.study.manifest
     if m:
@@ -182,7 +187,7 @@ def _summary_rows(df, published_rows: bool) -> tuple[list[list[str]], list[str]]
         rows.append([
             esc(r.model), fmt(r.val_loss, 3), fmt(r.mean), fmt(r.worst), fmt(r.best),
             f"{fmt(r.gap)} [{fmt(r.gap_lo)}, {fmt(r.gap_hi)}]", fmt(r.detected_period),
-            _int(r.stride), _p(r.p_value),
+            _int(r.stride), _p(r.p_value), fmt(r.profile),
             f'<span class="published">{esc(pub)}: {p[0]:.1f} / {p[1]:.1f} / {p[2]:.1f}</span>' if p else "–",
         ])
     return rows, list(df.alias)
@@ -208,13 +213,15 @@ def _padding_block(b: Builder, name: str, padding: str, stages: dict, primary: b
     body = f"<h3>{esc(padding)} padding</h3>"
     body += html.table(
         ["model", "val. loss", "mean", "worst", "best", "gap [95% CI]", "detected period", "stride",
-         "periodicity p", f'<span class="published">{esc(published.SOURCE)}: mean / worst / gap</span>'],
+         "periodicity p", "phase profile", f'<span class="published">{esc(published.SOURCE)}: mean / worst / gap</span>'],
         rows, models)
     interval = first.get("interval", "bootstrap")
     body += (f"<p>Accuracy in percent over {fmt(int(df.n.iloc[0]))} prompts per model "
              f"({fmt(first['groups'][0]['n'])} per residue group, M = {first.get('modulus')}); gap = best − worst "
              f"group, cross-fitted (picked on half the key–name mappings, measured on the other half) so noise "
              f"does not inflate it; its interval is a bootstrap over key–name mappings; group bands: {esc(interval)}. "
+             "Phase profile: the profile folded mod S is graded (3 or more phases between 20% and 90%, as in the "
+             "study), flat (all phases within 20 points) or all-or-nothing (phases kept or lost). "
              "Published values are the paper's Qwen3-0.6B-shaped models (not run here) and only the "
              "pattern, not the level, is comparable with these tiny models.</p>")
     stem = padding if primary else f"{name}_{padding}"

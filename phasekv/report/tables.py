@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from phasekv.config.names import PAPER_GRID
+from phasekv.eval.stats import phase_profile, profile_kind
 from phasekv.report import published
 from phasekv.report.load import Model, Stage, Study
 
@@ -33,17 +34,27 @@ def summary_table(study: Study, stages: dict[str, Stage]) -> pd.DataFrame:
             "mean": s["mean"], "worst": s["worst"], "best": s["best"], "gap": s["gap"], "gap_lo": lo, "gap_hi": hi,
             "detected_period": s.get("detected_period"), "p_value": (s.get("periodicity") or {}).get("p_value"),
             "fold_consistency": s.get("fold_consistency"), "n": sum(g["n"] for g in s["groups"]),
+            "profile": _profile(s, m.stride),
         })
     return pd.DataFrame(rows)
 
 
+def _profile(summary: dict, stride: int) -> str | None:
+    """Graded, flat or all-or-nothing (`profile_kind`) phase profile of a compressed model's evaluation."""
+    acc = [g["acc"] for g in summary["groups"]]
+    if not stride or len(acc) % stride:
+        return None
+    return profile_kind(phase_profile(acc, stride))
+
+
 def run_table(study: Study) -> pd.DataFrame:
-    """Each model's training settings and outcome."""
+    """Each model's training settings and outcome, and its regime (backbone, compressed entries per record)."""
     rows = []
     for alias, m in study.models.items():
         r = m.run
         rows.append({
-            "model": m.name, "alias": alias, "preset": r.get("preset"), "steps": r.get("steps"),
+            "model": m.name, "alias": alias, "backbone": r.get("backbone", r.get("preset")),
+            "entries_per_record": r.get("entries_per_record"), "steps": r.get("steps"),
             "tokens": r.get("tokens"), "seed": r.get("seed"), "seconds": r.get("elapsed_s", r.get("seconds")),
             "val_loss": val_loss(m), "status": r.get("status", "–"),
         })

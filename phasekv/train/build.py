@@ -67,7 +67,7 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> tuple[PhaseLM, Tokenizer |
         if cfg.arch and ModelConfig.from_name(cfg.arch, preset=model.config.preset).name != model.config.name:
             raise ConfigError(f"--arch {cfg.arch!r} differs from --init-from's model {model.config.name!r}")
         return model, tok
-    mcfg = ModelConfig.from_name(cfg.arch or "W8/S8 · 1 KV", preset=cfg.preset, vocab_size=vocab_size)
+    mcfg = ModelConfig.from_name(cfg.arch or "W8/S8 · 1 KV", preset=cfg.preset, vocab_size=vocab_size, **cfg.backbone)
     if cfg.seed is not None and cfg.seed != mcfg.seed:
         if "seed" in (cfg.arch or "").lower():
             raise ConfigError(f"--seed {cfg.seed} contradicts the seed in --arch {cfg.arch!r}")

@@ -15,6 +15,7 @@ import re
 import typer
 from rich.console import Console
 
+from phasekv.config import BACKBONE_FIELDS
 from phasekv.data.cli import app as tokenizer_app
 from phasekv.data.sources import DataConfig
 from phasekv.errors import ConfigError
@@ -28,7 +29,9 @@ TYPES = {"int": int, "float": float, "bool": bool}  # field annotation (less `| 
 NOTES = {  # what the command line adds to a field's comment
     "out": "(required)",
     "recall": "as key=value pairs, e.g. 'min_records=4,max_records=8,min_distance=16'",
+    "backbone": f"as field=value pairs, e.g. 'n_layers=4,d_model=96' (fields: {', '.join(BACKBONE_FIELDS)})",
 }
+SHORT = {"out": ["-o"], "backbone": ["--set"]}  # more flags of an option
 
 
 def field_comments(cls) -> dict[str, str]:
@@ -39,7 +42,7 @@ def field_comments(cls) -> dict[str, str]:
 def _option(f: dataclasses.Field, comment: str, default) -> inspect.Parameter:
     """`--field` (`--field/--no-field` for a bool), None when not given: with --resume only given options count."""
     flag = "--" + f.name.replace("_", "-")
-    flags = [f"{flag}/--no-{flag[2:]}"] if f.type == "bool" else [flag] + (["-o"] if f.name == "out" else [])
+    flags = [f"{flag}/--no-{flag[2:]}"] if f.type == "bool" else [flag] + SHORT.get(f.name, [])
     shown = NOTES.get(f.name) or (f"(default {default})" if isinstance(default, int | float | str) else "")
     opt = typer.Option(None, *flags, help=f"{comment} {shown}".strip())
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=opt,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from phasekv.config import format_overrides, parse_overrides
 from phasekv.data.sources import DataConfig
 from phasekv.errors import ConfigError
 
@@ -19,7 +20,8 @@ class TrainConfig:
 
     # --- what to train ---
     arch: str = "W8/S8 · 1 KV"  # paper name or ASCII alias (`w8s8-1kv`)
-    preset: str = "tiny"  # backbone preset (tiny | tiny-8h | small | qwen3-0.6b)
+    preset: str = "tiny"  # backbone preset (tiny | tiny-8h | cpu-study | small | qwen3-0.6b)
+    backbone: dict = field(default_factory=dict)  # overrides of the preset's backbone fields
     data: DataConfig = field(default_factory=DataConfig)  # recall (default), corpus, or a mixture
     out: str = "runs/run"  # run directory (config, tokenizer, metrics, gates, checkpoints)
     init_from: str | None = None  # start from these weights (run dir or model dir); fresh optimizer and data
@@ -59,6 +61,7 @@ class TrainConfig:
     def __post_init__(self):
         if isinstance(self.data, dict):
             self.data = DataConfig(**self.data)
+        self.backbone = parse_overrides(self.backbone, "--set")
         for f in ("batch_size", "grad_accum", "seq_len", "log_every", "keep_checkpoints", "gate_probe",
                   "val_sequences"):
             if getattr(self, f) < 1:
@@ -68,6 +71,9 @@ class TrainConfig:
                 raise ConfigError(f"{f}={getattr(self, f)} must be >= 0")
         if sum(x is not None for x in (self.hf_config, self.hf_model, self.init_from)) > 1:
             raise ConfigError("give one of --hf-config, --hf-model and --init-from")
+        if self.backbone and (self.hf_config or self.hf_model or self.init_from):
+            raise ConfigError(f"--set {format_overrides(self.backbone)}: --init-from, --hf-config and --hf-model "
+                              "bring their own backbone")
         if self.steps and self.tokens:
             raise ConfigError("give --steps or --tokens, not both")
         if not self.lr > 0 or self.min_lr < 0 or self.min_lr > self.lr:

@@ -41,10 +41,15 @@ class TrainingDiverged(PhaseKVError):
 
 
 def loss_sum(model, ids: torch.Tensor, labels: torch.Tensor, autocast: bool, hf: bool = False) -> torch.Tensor:
-    """Summed next-token cross-entropy over positions with a label (`hf`: a transformers model, no cache)."""
+    """Summed next-token cross-entropy over positions with a label (`hf`: a transformers model, no cache). A
+    phasekv model computes logits at the labelled positions only (`PhaseLM.forward`'s `select`)."""
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-        logits = model(ids, use_cache=False).logits if hf else model(ids)  # (B, T, V)
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE, reduction="sum")
+        if hf:
+            logits, labels = model(ids, use_cache=False).logits.flatten(0, 1), labels.flatten()  # (B T, V)
+        else:
+            keep = labels != IGNORE  # (B, T)
+            logits, labels = model(ids, select=keep), labels[keep]  # (n, V), (n,)
+    return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE, reduction="sum")
 
 
 @torch.no_grad()

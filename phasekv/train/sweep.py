@@ -10,6 +10,7 @@ torchrun / SLURM command lines for a cluster.
     arch = "W8/S8 · 1 KV"
     seeds = [42, 43]           # optional: one run per seed (or `seed = 43`)
     lr = 2e-3                  # optional per-run overrides
+    backbone = {n_layers = 4}  # optional: overrides of the preset's backbone (or "n_layers=4,d_model=96")
 
 `phasekv sweep run FILE` skips finished runs (`done.json` at the planned step count), resumes
 interrupted ones (latest checkpoint) and starts the rest.
@@ -28,7 +29,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from phasekv.config import ModelConfig
+from phasekv.config import ModelConfig, format_overrides, parse_overrides
 from phasekv.data.sources import DataConfig
 from phasekv.errors import ConfigError, PhaseKVError
 from phasekv.train import loop
@@ -101,7 +102,8 @@ def load_sweep(path: str | Path) -> list[SweepRun]:
         for seed in seeds:
             opts = {k: v for k, v in r.items()}
             try:
-                mcfg = ModelConfig.from_name(opts["arch"], preset=opts.get("preset", "tiny"))
+                mcfg = ModelConfig.from_name(opts["arch"], preset=opts.get("preset", "tiny"),
+                                             **parse_overrides(opts.get("backbone"), "backbone"))
                 if seed is not None:
                     if not isinstance(seed, int) or isinstance(seed, bool):
                         raise ConfigError(f"seed {seed!r} must be an integer")
@@ -202,6 +204,7 @@ def train_args(run: SweepRun) -> list[str]:
     for k, v in cfg.items():
         if k in ("arch", "out") or v == default[k] or v is None:
             continue
+        v = format_overrides(v) if k == "backbone" else v
         flag = f"--{k.replace('_', '-')}"
         args += ([flag] if v is True else [f"--no-{k.replace('_', '-')}"] if v is False else [flag, str(v)])
     return args + ["--resume"]

@@ -1,5 +1,6 @@
 """Every benchmark script runs end to end at its smallest size (they share helpers that can drift)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,19 @@ def test_benchmark_script_runs(args):
     out = subprocess.run([sys.executable, *args, "--threads", "1"], cwd=BENCH, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "throughput ratio" in out.stdout
+    assert "x reference" in out.stdout
+
+
+def test_demo_cost_reads_demo_json(tmp_path):
+    demo = {"mode": "full", "threads": "2 worker process(es) × 1", "cpu_seconds": 1260.0, "seconds": 700.0,
+            "idle_estimate_seconds": 650.0, "invocations": [{"seconds": 700.0, "load_average": [0.1, 2.0]}],
+            "tasks": {"train full-1kv": {"wall_s": 300.0, "cpu_s": 290.0}, "lookup prefix full-1kv": {"wall_s": 20.0,
+                                                                                                  "cpu_s": 15.0}}}
+    (tmp_path / "demo.json").write_text(json.dumps(demo))
+    out = subprocess.run([sys.executable, "demo_cost.py", "--demo", str(tmp_path / "demo.json")], cwd=BENCH,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "21.0 single-core CPU-minutes" in out.stdout and "full-1kv 290 s" in out.stdout
 
 
 def test_decode_benchmarks_run():

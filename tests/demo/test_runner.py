@@ -119,10 +119,15 @@ def test_second_demo_on_same_dir_is_refused(tmp_path):
     assert not (tmp_path / ".demo.lock").exists()
 
 
-def test_more_steps_per_model_and_longest_training_first(tmp_path):
+def test_training_per_model_and_longest_training_first(tmp_path):
     plan = plan_for(quick=False)
-    assert plan.steps_of("W8/S8 · 1 KV · uniform averaging") == plan.steps_of("w8s8-1kv-uniform") > plan.steps
-    assert plan.steps_of("W8/S8 · 1 KV") == plan.steps and plan_for(quick=True).more_steps == {}
+    uniform = plan.training_of("W8/S8 · 1 KV · uniform averaging")
+    assert uniform == plan.training_of("w8s8-1kv-uniform") and uniform["steps"] > plan.steps
+    assert plan.sequences_of("w8s8-1kv-uniform") > plan.sequences_of("W8/S4 · 1 KV") == plan.steps * plan.batch_size
+    assert plan.training_of("W8/S4 · 1 KV") == {"steps": plan.steps, "batch_size": plan.batch_size, "lr": plan.lr}
+    assert plan_for(quick=True).per_model == {}
+    assert "(W8/S8 · 1 KV · uniform averaging: 3200 steps)" in plan.steps_text()
     trainings = [t for t in build_tasks(tmp_path, plan) if t.name.startswith("train ")]
     assert trainings[0].name == "train w8s8-1kv-uniform"  # the critical path starts first
-    assert [t.steps()[1] for t in trainings][:2] == [plan.steps_of("w8s8-1kv-uniform"), plan.steps]
+    assert [t.steps()[1] for t in trainings][:3] == [plan.steps_of("w8s8-1kv-uniform"), plan.steps_of("w8s8-1kv"),
+                                                     plan.steps]

@@ -29,10 +29,10 @@ def test_study_runs_the_papers_grid_at_one_valid_backbone():
     assert plan.preset == STUDY_PRESET and plan.kind == "study"
     # the demo's recipe and sizes; uniform averaging gets the demo's longer budget
     demo = plan_for(quick=False)
-    assert (plan.steps, plan.per_group, plan.lr) == (demo.steps, demo.per_group, demo.lr)
+    assert (plan.steps, plan.per_group, plan.lr) == (demo.steps_of("W8/S8 · 1 KV"), demo.per_group, demo.lr)
     uniform = [m for m in plan.models if "uniform averaging" in m]
     assert len(uniform) == 2 and all(plan.steps_of(m) == demo.steps_of(uniform[0]) > plan.steps for m in uniform)
-    assert study_plan(quick=True).more_steps == {} and study_plan(True, preset="small").preset == "small"
+    assert study_plan(quick=True).per_model == {} and study_plan(True, preset="small").preset == "small"
 
 
 def test_study_task_graph(tmp_path):

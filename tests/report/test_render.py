@@ -159,3 +159,25 @@ def test_entries_per_record_explains_capacity():
     assert checks.entries_per_record(summary(), 8)[0] == 0.5
     assert checks.entries_per_record(summary(2, ";"), 8)[0] == 1.0  # four-token records
     assert checks.entries_per_record({"provenance": {"fixture": True}}, 8) is None
+
+
+def test_run_table_says_each_models_regime(study_dir):
+    """The runs table gives each model's backbone and compressed entries per record; the retrieval tables its
+    phase profile (graded, flat, all-or-nothing)."""
+    from phasekv.report import tables
+
+    study = load_study(study_dir)
+    runs = tables.run_table(study).set_index("alias")
+    assert runs.loc["w8s8-1kv", "backbone"] == "tiny" and runs.loc["w8s8-1kv", "entries_per_record"] == 0.5
+    assert runs.loc["full-1kv", "entries_per_record"] is None
+    profile = tables.summary_table(study, study.lookup["prefix"]).set_index("alias").profile
+    assert profile.isna()["full-1kv"] and set(profile.dropna()) <= {"graded", "flat", "all-or-nothing"}
+
+
+def test_profile_kind():
+    from phasekv.eval.stats import phase_profile, profile_kind
+
+    assert phase_profile([10, 20, 30, 40, 50, 60], 3).tolist() == [25, 35, 45]
+    assert profile_kind([68.2, 71.5, 77.7, 44.6, 48.3, 22.9, 62.2, 6.2]) == "graded"  # the study's seed 42
+    assert profile_kind([6.0, 99.3, 99.7, 5.2, 5.7, 6.4, 23.1, 22.1]) == "all-or-nothing"  # the demo's W8/S8
+    assert profile_kind([95, 97, 96, 94]) == "flat"
