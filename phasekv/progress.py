@@ -63,6 +63,7 @@ class _Task:
     start: float = field(default_factory=time.monotonic)
     last_line: float = field(default_factory=time.monotonic)
     done_reported: bool = False
+    estimate: bool = True  # False where done/total is no measure of time (a count of unequal tasks)
 
     def __post_init__(self):
         self.first = self.completed  # progress made before this session (a resumed run) does not count in the rate
@@ -75,7 +76,7 @@ class _Task:
             parts[0] += f" ({100 * self.completed / self.total:.0f}%)"
         parts.append(f"{_duration(elapsed)} elapsed")
         rate = (self.completed - self.first) / elapsed if elapsed > 0 else 0.0
-        if self.total and self.completed < self.total:
+        if self.estimate and self.total and self.completed < self.total:
             parts.append(f"~{_duration((self.total - self.completed) / rate)} left" if rate > 0 else "estimate pending")
         parts += [str(v) for v in self.fields.values() if str(v)]
         return " · ".join(parts)
@@ -117,12 +118,14 @@ class Progress:
             self._stop.set()
             self._ticker.join()
 
-    def add_task(self, description: str, total: float | None = 100.0, completed: float = 0, **fields) -> int:
+    def add_task(self, description: str, total: float | None = 100.0, completed: float = 0, estimate: bool = True,
+                 **fields) -> int:
+        """`estimate=False`: plain lines give no time left (the bar's columns are the caller's choice)."""
         if self.bar is not None:
             return self.bar.add_task(description, total=total, completed=completed, **fields)
         with self._lock:
             task = len(self.tasks)
-            self.tasks[task] = _Task(description, total, completed, fields)
+            self.tasks[task] = _Task(description, total, completed, fields, estimate=estimate)
         return task
 
     def update(self, task: int, *, completed: float | None = None, advance: float | None = None,

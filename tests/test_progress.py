@@ -45,6 +45,20 @@ def test_lines_while_nothing_advances():
     assert "40/100" in text and "loss 2.310" in text and "estimate pending" in text
 
 
+def test_no_estimate_where_the_count_is_no_measure_of_time():
+    """The demo's task count (a training beside a gate statistic) gives no time left; its lines still come."""
+    console, out = plain_console()
+    with Progress(console=console, interval=0.05) as bar:
+        task = bar.add_task("demo tasks", total=34, estimate=False)
+        for _ in range(3):
+            time.sleep(0.06)
+            bar.advance(task)
+        time.sleep(0.3)  # lines keep coming while nothing finishes
+    text = out.getvalue()
+    assert "3/34" in text and "elapsed" in text, text
+    assert "left" not in text and "estimate pending" not in text, text
+
+
 def test_terminal_shows_a_bar_not_lines():
     out = io.StringIO()
     with Progress(console=Console(file=out, force_terminal=True), interval=0.01) as bar:
