@@ -88,6 +88,57 @@ def audit_command(
     raise typer.Exit(v["exit_code"])
 
 
+def repair_command(
+    directory: Path = typer.Argument(..., help="A directory laid out as a study: eval/lookup-prefix/<alias>/ and "
+                                               "eval/lookup-in-sequence/<alias>/ (phasekv eval lookup --out ...)."),
+    unrepaired: str = typer.Option("W8/S4 · 1 KV", help="The compressed model the designs repair (cost baseline)."),
+    reference: str = typer.Option(None, help="Full-attention model of the accuracy goals (default: the "
+                                             "full-attention evaluation with the fewest KV heads)."),
+    context: int = typer.Option(32768, help="Context length at which cache bytes are counted."),
+    bench_reps: int = typer.Option(5, help="Interleaved repetitions of the cost micro-benchmark."),
+    bench_batch: int = typer.Option(64, help="Sequences per timed training step (the demo's recipe: 64)."),
+    bench_seq_len: int = typer.Option(96, help="Tokens per sequence of a timed training step (the recipe: 96)."),
+    decode_context: int = typer.Option(512, help="Prefill length before the timed decode steps."),
+) -> None:
+    """Check every evaluated design against the repair's goals (issue 18): cache <= 1/4 of full attention with the
+    same KV heads, flat under both paddings (p > 0.05, period 1, gap interval overlapping full attention's), mean
+    within 5 points of full attention's, train and decode steps <= 1.5x the unrepaired model's, at 3 seeds.
+    Writes DIR/repair/goals.json, frontier.png and the two comparisons; `phasekv report DIR` shows them.
+
+    Example: phasekv repair runs/repair-study --unrepaired "W8/S4 · 1 KV"
+    """
+    from phasekv.mitigate.compare import Bench
+    from phasekv.mitigate.repair import run_repair
+
+    bench = Bench(batch=bench_batch, seq_len=bench_seq_len, reps=bench_reps, decode_context=decode_context)
+    r = run_repair(directory, unrepaired, reference=reference, context=context, bench=bench)
+    wide = Console(width=max(console.width, 150))
+    wide.print(goals_table(r))
+    wide.print(r["verdict"])
+    console.print(f"wrote {directory}/repair/goals.json, frontier.png, prefix/, in-sequence/")
+
+
+def goals_table(r: dict):
+    from rich.table import Table
+
+    t = Table(title=f"repair goals · reference {r['reference']} · unrepaired {r['unrepaired']}")
+    for c in ("model", "cache", "train", "decode", "prefix gap [95%]", "p", "in-seq gap [95%]", "p", "misses"):
+        t.add_column(c, justify="left" if c in ("model", "misses") else "right", overflow="fold")
+
+    def f(v, d=2):
+        return "-" if v is None else f"{v:.{d}f}"
+
+    def gap(m, p):
+        n = m["paddings"].get(p)
+        return ("-", "-") if n is None else (f"{n['gap']:.1f} [{n['gap_ci'][0]:.1f}, {n['gap_ci'][1]:.1f}]",
+                                             f(n["periodicity_p"], 4))
+    for m in r["models"]:
+        t.add_row(m["label"], f(m["cache_rel"], 4), f(m["train_rel"]), f(m["decode_rel"]), *gap(m, "prefix"),
+                  *gap(m, "in-sequence"), "every goal met" if m["meets"] else "; ".join(m["misses"]))
+    return t
+
+
 def register(app: typer.Typer) -> None:
     app.command("compare")(compare_command)
+    app.command("repair")(repair_command)
     app.command("audit")(audit_command)

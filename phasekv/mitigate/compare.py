@@ -42,8 +42,10 @@ ROW_FIELDS = [  # the per-model record of summary.json["models"] and the columns
 
 def compare(paths: list[Path], out: Path | None = None, reference: str | None = None, baseline: str | None = None,
             protocol: str | None = "prefix", context: int = 32768, min_compression: float = 4.0,
-            max_gap_factor: float = 2.0, bench: Bench | None = None, progress: bool = False) -> dict:
-    """Build the comparison (and write it under `out`); returns the summary dict (schema SCHEMA)."""
+            max_gap_factor: float = 2.0, bench: Bench | None = None, progress: bool = False,
+            baseline_flag: str = "--baseline") -> dict:
+    """Build the comparison (and write it under `out`); returns the summary dict (schema SCHEMA).
+    `baseline_flag`: the option that named the baseline, for the error when it is not among the models."""
     if not paths:
         raise ConfigError("compare needs at least one evaluation directory")
     if context < 1:
@@ -52,7 +54,7 @@ def compare(paths: list[Path], out: Path | None = None, reference: str | None = 
     task, proto, modulus = {(s["task"], s["protocol"], s["modulus"]) for _, s in summaries}.pop()
     cfgs = {s["model"]: model_config(s) for _, s in summaries}
     ref = pick(reference, "--reference", cfgs, lambda c: c is not None and not c.compressed)
-    base = pick(baseline, "--baseline", cfgs, lambda c: False, default_name="W8/S8 · 1 KV")
+    base = pick(baseline, baseline_flag, cfgs, lambda c: False, default_name="W8/S8 · 1 KV")
     rows = [_row(d, s, cfgs, ref, base) for d, s in summaries]
     add_costs(rows, cfgs, cfgs.get(ref) if ref else None, context, bench or Bench(), progress)
     mark_pareto(rows)

@@ -11,6 +11,8 @@
     DIR/analysis/cycle/<alias>/           gate cycling (`phasekv analyze cycle`)
     DIR/theory/{minimisers,flow,coverage}/  theory checks (`phasekv theory ...`)
     DIR/compare/                          cache, cost and gap side by side (`phasekv compare`, phasekv.compare/1)
+    DIR/repair/                           the repair's goals per design (`phasekv repair`, phasekv.repair/1):
+                                          goals.json, frontier.png, prefix/ and in-sequence/ comparisons
     DIR/report/index.html                 the report; DIR/report/figures/*.png its figures as PNG
     DIR/report/claims.json, grid.csv      the verdicts on the study's claims C1-C10; the grid table (Figure 2)
 
@@ -65,6 +67,10 @@ class Layout:
     @property
     def compare(self) -> Path:
         return self.root / "compare"
+
+    @property
+    def repair(self) -> Path:
+        return self.root / "repair"
 
     @property
     def report(self) -> Path:

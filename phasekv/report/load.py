@@ -57,6 +57,7 @@ class Study:
     theory: dict[str, Stage]  # minimisers | flow | coverage -> stage
     examples: list[dict]
     compare: Stage | None = None  # `phasekv compare` (schema phasekv.compare/1)
+    repair: dict | None = None  # `phasekv repair`: goals.json (schema phasekv.repair/1)
 
     @property
     def lookup(self) -> dict[str, dict[str, Stage]]:
@@ -204,4 +205,6 @@ def load_study(root: str | Path) -> Study:
             model.run, model.metrics, model.gate_paths = _run_info(run_dir)
         models[alias] = model
     models = dict(sorted(models.items(), key=lambda kv: (kv[1].compressed, kv[1].stride, kv[1].gate == "uniform")))
-    return Study(layout.root, manifest, models, evals, analyses, theory, examples, read_stage(layout.compare))
+    goals = layout.repair / "goals.json"
+    repair = read_json(goals) if goals.is_file() else None
+    return Study(layout.root, manifest, models, evals, analyses, theory, examples, read_stage(layout.compare), repair)

@@ -409,6 +409,48 @@ def section_compare(b: Builder) -> None:
     b.add("compare", "Cost and gap", body)
 
 
+def section_repair(b: Builder) -> None:
+    """The repair's goals (`phasekv repair`): every design against every goal, the misses by how much, the frontier."""
+    r = b.study.repair
+    if r is None:
+        return  # a demo or study directory without a repair sweep: no section
+    g = r["goals"]
+
+    def ci(n, k):
+        return f"{fmt(n[k])} [{fmt(n[f'{k}_ci'][0])}, {fmt(n[f'{k}_ci'][1])}]"
+
+    def padding(m, p):
+        n = m["paddings"].get(p)
+        if n is None:
+            return ["–"] * 3
+        return [ci(n, "mean"), ci(n, "gap"), f"{n['detected_period']} ({fmt(n['periodicity_p'], 4)})"]
+
+    rows = [[esc(m["label"]) + (" (unrepaired)" if m["role"] == "unrepaired" else ""), fmt(m["cache_rel"], 4),
+             fmt(m["train_rel"], 2), fmt(m["decode_rel"], 2), *padding(m, "prefix"), *padding(m, "in-sequence"),
+             '<span class="pass">every goal met</span>' if m["meets"] else
+             '<span class="fail">' + esc("; ".join(m["misses"])) + "</span>"] for m in r["models"]]
+    ref = r["reference_numbers"]
+    rows.insert(0, [esc(r["reference"]) + " (reference)", "1", "–", "–",
+                    *(x for p in ("prefix", "in-sequence") for x in (
+                        [ci(ref[p], "mean"), ci(ref[p], "gap"), f"{ref[p]['detected_period']}"] if p in ref else
+                        ["–"] * 3)), ""])
+    body = (f"<p>Goals: cache ≤ {g['max_cache']:g} of full attention with the same KV heads; under both paddings "
+            f"periodicity p &gt; {g['min_p']:g}, detected period 1, the gap's 95% interval overlapping the reference's, "
+            f"mean within {g['max_mean_drop']:g} points of the reference's; training and decode step ≤ {g['max_cost']:g}× "
+            f"the unrepaired model's (measured side by side); at {g['seeds']} seeds.</p>")
+    body += html.table(["model", "cache", "train", "decode", "prefix mean [95%]", "gap [95%]", "period (p)",
+                        "in-seq. mean [95%]", "gap [95%]", "period (p)", "goals"], rows)
+    cls = "pass" if r["repaired"] else "fail"
+    body += f'<p><b>Verdict:</b> <span class="{cls}">{esc(r["verdict"])}</span></p>'
+    png = b.study.root / "repair" / "frontier.png"
+    if png.is_file():
+        dest = b.png_path("repair_frontier")
+        shutil.copyfile(png, dest)
+        b.pngs.append(dest)
+        body += html.image(png, "The repair's frontier: gap against step cost, both paddings", f"figures/{dest.name}")
+    b.add("repair", "Repair", body)
+
+
 def section_published(b: Builder) -> None:
     rows = [[f'<span class="published">{esc(k)}</span>', *(f"{x:.1f}" for x in v)]
             for k, v in published.LOOKUP_PREFIX.items()]
@@ -471,7 +513,7 @@ def render_report(root: str | os.PathLike, progress: bool = True) -> Path:
              *((n, partial(section_retrieval, name=n, primary=i == 0)) for i, n in enumerate(retrieval)),
              *((f.__name__.removeprefix("section_"), f) for f in (
                  section_examples, section_flip, section_knockout, section_gates, section_alignment, section_cycle,
-                 section_compare, section_theory, section_published))]
+                 section_compare, section_repair, section_theory, section_published))]
     with Progress(disable=not progress, transient=True) as prog:
         task = prog.add_task("report", total=len(steps))
         for label, step in steps:

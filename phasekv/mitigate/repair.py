@@ -1,0 +1,212 @@
+"""`phasekv repair DIR`: which compressed design has no weak phase at nearly the cost of compression (issue 18).
+
+Reads the lookup evaluations of a directory laid out as a study (`DIR/eval/lookup-<padding>/<alias>/`), compares
+the models under both paddings (`phasekv compare`: costs measured once, side by side), and checks every model
+against the repair's goals, with the measured numbers and by how much each goal is missed:
+
+    cache    cache bytes at the context <= 1/4 of full attention with the same KV heads
+    flat     under both paddings: periodicity p > 0.05 at its stride, detected period 1, and the gap's 95%
+             interval overlapping the full-attention reference's
+    mean     mean accuracy >= the reference's - 5 points, under both paddings
+    train    training step <= 1.5x the unrepaired model's (measured side by side, in one process)
+    decode   decode step <= 1.5x the unrepaired model's
+    seeds    a design (the name without its seed) meets every goal at >= 3 seeds
+
+Outputs: DIR/repair/{prefix,in-sequence}/ (two `phasekv compare` outputs), DIR/repair/goals.json (schema
+`phasekv.repair/1`, read by the report) and DIR/repair/frontier.png (gap against step cost, both paddings).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from phasekv.config import ModelConfig
+from phasekv.errors import ConfigError, DataError
+from phasekv.eval.figure import DPI
+from phasekv.eval.run import json_default
+from phasekv.io import write_figure, write_json
+from phasekv.mitigate.compare import compare
+from phasekv.mitigate.cost import Bench
+from phasekv.model.cli import cache_bytes
+
+SCHEMA = "phasekv.repair/1"
+PADDINGS = ("prefix", "in-sequence")
+
+
+@dataclass(frozen=True)
+class Goals:
+    """The repair's acceptance thresholds (issue 18)."""
+
+    max_cache: float = 0.25  # cache bytes / full attention's with the same KV heads
+    max_cost: float = 1.5  # training and decode step / the unrepaired model's
+    max_mean_drop: float = 5.0  # points below the full-attention reference's mean
+    min_p: float = 0.05  # periodicity test at the stride must not reject flatness
+    seeds: int = 3  # seeds at which a design must meet every goal
+
+
+def design_name(cfg: ModelConfig) -> str:
+    """A design is a model name without its seed: its seeds are replicates of one design."""
+    return cfg.replace(seed=42).name
+
+
+def cache_same_kv(cfg: ModelConfig, context: int) -> float:
+    """Cache bytes at `context` relative to full attention with the same backbone and KV heads."""
+    return cache_bytes(cfg, context) / cache_bytes(cfg.full_attention(), context)
+
+
+def _check(goal: str, value, limit, ok: bool, miss: str) -> dict:
+    return {"goal": goal, "value": value, "limit": limit, "ok": bool(ok), "miss": "" if ok else miss}
+
+
+def check_model(row: dict, by_padding: dict[str, dict], ref: dict[str, dict], unrep: dict, cfg: ModelConfig,
+                context: int, goals: Goals) -> list[dict]:
+    """Every goal of one model: row (its prefix compare row, with the costs), by_padding and ref (padding -> its
+    and the reference's compare rows), unrep (the unrepaired model's prefix row)."""
+    out = []
+    cache = cache_same_kv(cfg, context)
+    out.append(_check("cache", cache, goals.max_cache, cache <= goals.max_cache,
+                      f"cache {cache:.4f} > {goals.max_cache:g} (by {100 * (cache / goals.max_cache - 1):.2f}%)"))
+    for kind in ("train", "decode"):
+        mine, base = row.get(f"{kind}_cost_rel"), unrep.get(f"{kind}_cost_rel")
+        rel = None if mine is None or base is None else mine / base
+        out.append(_check(kind, rel, goals.max_cost, rel is not None and rel <= goals.max_cost,
+                          "not measured" if rel is None else f"{kind} {rel:.2f}x > {goals.max_cost:g}x"))
+    for padding in PADDINGS:
+        r, f = by_padding.get(padding), ref.get(padding)
+        if r is None or f is None:
+            out.append(_check(f"{padding}: evaluated", None, None, False, f"{padding}: not evaluated"))
+            continue
+        p, period = r.get("periodicity_p"), r.get("detected_period")
+        out.append(_check(f"{padding}: p", p, goals.min_p, p is not None and p == p and p > goals.min_p,
+                          f"{padding} p = {p if p is None else f'{p:.4f}'}"))
+        out.append(_check(f"{padding}: period", period, 1, str(period) == "1", f"{padding} period {period}"))
+        lo, ref_hi = r["gap_ci"][0], f["gap_ci"][1]
+        out.append(_check(f"{padding}: gap", r["gap"], ref_hi, lo <= ref_hi,
+                          f"{padding} gap {r['gap']:.1f} [{lo:.1f}, {r['gap_ci'][1]:.1f}] above full's <= {ref_hi:.1f}"))
+        drop = f["mean"] - r["mean"]
+        out.append(_check(f"{padding}: mean", r["mean"], f["mean"] - goals.max_mean_drop, drop <= goals.max_mean_drop,
+                          f"{padding} mean {r['mean']:.1f}, {drop:.1f} below full"))
+    return out
+
+
+def evaluate(summaries: dict[str, dict], unrepaired: str, context: int = 32768, goals: Goals = Goals()) -> dict:
+    """The goals table from the compare summaries of both paddings (padding -> phasekv.compare/1 summary; the
+    costs are read from the prefix one)."""
+    rows = {p: {r["label"]: r for r in s["models"]} for p, s in summaries.items()}
+    pre = rows["prefix"]
+    ref_label = summaries["prefix"]["reference"]
+    if ref_label is None:
+        raise DataError("repair: no full-attention model among the evaluations (the goals are relative to it)")
+    if unrepaired not in pre:
+        raise ConfigError(f"repair: --unrepaired {unrepaired!r} is not among the evaluated models: {', '.join(pre)}")
+    ref = {p: rows[p].get(ref_label) for p in PADDINGS}
+    models, designs = [], {}
+    for label, row in pre.items():
+        cfg = ModelConfig.from_name(row["model"])  # the label of a phase ensemble names its k too
+        if not cfg.compressed:
+            continue
+        by_padding = {p: rows[p].get(label) for p in PADDINGS}
+        checks = check_model(row, by_padding, ref, pre[unrepaired], cfg, context, goals)
+        k = row.get("ensemble_k") or 1
+        design = design_name(cfg) + (f" · phase ensemble {k}" if k > 1 else "")
+        m = {"label": label, "design": design, "seed": cfg.seed, "role": "unrepaired" if label == unrepaired else "design",
+             "cache_rel": checks[0]["value"], "train_rel": checks[1]["value"], "decode_rel": checks[2]["value"],
+             "paddings": {p: _padding_numbers(r) for p, r in by_padding.items() if r is not None},
+             "checks": checks, "misses": [c["miss"] for c in checks if not c["ok"]]}
+        m["meets"] = not m["misses"]
+        models.append(m)
+        designs.setdefault(design, []).append(m)
+    per_design = [{"design": d, "seeds": sorted(m["seed"] for m in ms),
+                   "meeting_seeds": sorted(m["seed"] for m in ms if m["meets"]),
+                   "meets": sum(m["meets"] for m in ms) >= goals.seeds} for d, ms in designs.items()]
+    repaired = [d["design"] for d in per_design if d["meets"]]
+    return {"schema": SCHEMA, "goals": asdict(goals), "context": context, "reference": ref_label,
+            "unrepaired": unrepaired, "reference_numbers": {p: _padding_numbers(r) for p, r in ref.items() if r},
+            "models": models, "designs": per_design, "repaired": repaired, "verdict": verdict_text(repaired, per_design, goals)}
+
+
+def _padding_numbers(r: dict) -> dict:
+    return {k: r.get(k) for k in ("mean", "mean_ci", "gap", "gap_ci", "gap_raw", "detected_period", "periodicity_p",
+                                  "worst", "worst_residue")}
+
+
+def verdict_text(repaired: list[str], designs: list[dict], goals: Goals) -> str:
+    if repaired:
+        return f"repaired: {', '.join(repaired)} meet every goal at >= {goals.seeds} seeds"
+    near = [d for d in designs if d["meeting_seeds"]]
+    if near:
+        return ("no design meets every goal at " f"{goals.seeds} seeds; every goal is met by "
+                + "; ".join(f"{d['design']} at seed(s) {', '.join(map(str, d['meeting_seeds']))} of "
+                            f"{', '.join(map(str, d['seeds']))}" for d in near))
+    return "no design meets every goal at any seed (the frontier below shows how close each comes)"
+
+
+def run_repair(root: Path, unrepaired: str, reference: str | None = None, context: int = 32768,
+               bench: Bench | None = None, goals: Goals = Goals(), progress: bool = True) -> dict:
+    """Compare the directory's lookup evaluations under both paddings, check the goals, write DIR/repair/."""
+    root = Path(root)
+    summaries = {}
+    for padding in PADDINGS:
+        evals = sorted(p.parent for p in (root / "eval" / f"lookup-{padding}").glob("*/summary.json"))
+        if not evals:
+            raise DataError(f"{root}/eval/lookup-{padding}: no lookup evaluations (phasekv eval lookup --padding "
+                            f"{padding} --out {root}/eval/lookup-{padding}/ALIAS)")
+        b = (bench or Bench()) if padding == "prefix" else Bench(reps=0)  # costs do not depend on the padding
+        summaries[padding] = compare(evals, root / "repair" / padding, reference=reference, baseline=unrepaired,
+                                     protocol=padding, context=context, bench=b, progress=progress,
+                                     baseline_flag="--unrepaired")
+    result = evaluate(summaries, summaries["prefix"]["baseline"], context, goals)  # the alias resolved
+    write_json(root / "repair" / "goals.json", result, default=json_default)
+    plot_frontier(result, root / "repair" / "frontier.png")
+    return result
+
+
+def plot_frontier(result: dict, path: Path) -> None:
+    """Gap (95% interval) against step cost (the larger of training and decode, relative to the unrepaired
+    model), one panel per padding; the goals as lines: cost 1.5x, the reference's gap interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    g = result["goals"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
+    designs = list(dict.fromkeys(m["design"] for m in result["models"]))
+    for ax, padding in zip(axes, PADDINGS, strict=True):
+        ref = result["reference_numbers"].get(padding)
+        if ref:
+            ax.axhspan(ref["gap_ci"][0], ref["gap_ci"][1], color="C2", alpha=0.25, lw=0)
+        ax.axvline(g["max_cost"], ls="--", color="C3", lw=0.8)
+        for m in result["models"]:
+            n = m["paddings"].get(padding)
+            costs = [c for c in (m["train_rel"], m["decode_rel"]) if c is not None]
+            if n is None or not costs:
+                continue
+            x, color = max(costs), f"C{designs.index(m['design']) % 10}"
+            err = np.array([[n["gap"] - n["gap_ci"][0]], [n["gap_ci"][1] - n["gap"]]]).clip(0)
+            ax.errorbar([x], [n["gap"]], yerr=err, fmt="o", color=color, mfc=color if m["meets"] else "white", ms=6,
+                        capsize=2, lw=0.8)
+            if m["seed"] != 42:
+                ax.annotate(f"seed {m['seed']}", (x, n["gap"]), fontsize=6, xytext=(4, 3), textcoords="offset points")
+        ax.set_title(f"lookup, {padding} padding (band: full attention's gap [95%])", fontsize=9)
+        ax.set_xlabel(f"step cost, max(train, decode) / unrepaired (dashed: {g['max_cost']:g}x)")
+    axes[0].set_ylabel("gap, best - worst phase (points, bias-corrected)")
+    handles = [plt.Line2D([], [], marker="o", ls="", color=f"C{i % 10}", label=d) for i, d in enumerate(designs)]
+    fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=7, frameon=False, bbox_to_anchor=(0.5, -0.02 - 0.035 * ((len(designs) + 1) // 2)))
+    fig.suptitle("The repair's frontier: weak-phase gap against cost (filled: every goal met at that seed)", fontsize=10)
+    write_figure(path, fig, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+
+
+def load_goals(path: Path) -> dict:
+    try:
+        result = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path}: unreadable JSON ({exc})") from None
+    if result.get("schema") != SCHEMA:
+        raise DataError(f"{path}: schema {result.get('schema')!r}, expected {SCHEMA}")
+    return result

@@ -1,0 +1,136 @@
+"""`phasekv repair`: every goal of issue 18 checked per model, a design repaired only at 3 seeds, the misses named
+with their size, the outputs the report reads, and the Repair section of the report."""
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from phasekv import ModelConfig, PhaseLM
+from phasekv.data.tokenizer import build_word_tokenizer
+from phasekv.eval.models import load
+from phasekv.eval.prompts import lookup_config
+from phasekv.eval.run import run_retrieval
+from phasekv.eval.tokens import WordTokenizer
+from phasekv.mitigate import cli as mitigate_cli
+from phasekv.mitigate.cost import Bench, measure_costs
+from phasekv.mitigate.repair import SCHEMA, Goals, evaluate
+from phasekv.report.render import render_report
+
+FULL, UNREP = "Full attention · 1 KV", "W8/S4 · 1 KV"
+TIED = "W8/S4 · 2 KV · tied K/V · staggered heads · coverage reg 0.3"
+
+
+def _row(label, mean=95.0, gap=0.5, gap_ci=(0.0, 1.5), period=1, p=0.6, train=1.0, decode=1.0, k=1):
+    cfg = ModelConfig.from_name(label)
+    return {"label": label, "model": cfg.name, "ensemble_k": k, "mean": mean, "mean_ci": [mean - 1, mean + 1],
+            "gap": gap, "gap_ci": list(gap_ci), "gap_raw": gap + 1, "detected_period": period, "periodicity_p": p,
+            "worst": mean - gap, "worst_residue": 0, "train_cost_rel": train, "decode_cost_rel": decode}
+
+
+def _summaries(designs: list[dict], in_seq: dict | None = None) -> dict:
+    """Both paddings' compare summaries: full attention, the unrepaired model and `designs` (prefix rows);
+    in-sequence rows are the same unless `in_seq` replaces some by label."""
+    base = [_row(FULL, mean=93.0, gap=0.0, gap_ci=(0.0, 1.0), train=1.0, decode=1.0),
+            _row(UNREP, mean=72.0, gap=90.0, gap_ci=(88.0, 92.0), period=4, p=0.0001, train=1.6, decode=1.2)]
+    pre = base + designs
+    ins = [(in_seq or {}).get(r["label"], r) for r in pre]
+    return {p: {"schema": "phasekv.compare/1", "reference": FULL, "models": rows}
+            for p, rows in (("prefix", pre), ("in-sequence", ins))}
+
+
+def _seeded(name: str, seed: int) -> str:
+    return ModelConfig.from_name(name).replace(seed=seed).name
+
+
+def test_a_design_flat_at_three_seeds_is_the_repair():
+    designs = [_row(_seeded(TIED, s), train=2.0, decode=1.5) for s in (42, 43, 44)]
+    r = evaluate(_summaries(designs), UNREP)
+    assert r["schema"] == SCHEMA and r["repaired"] == [TIED] and "repaired" in r["verdict"]
+    by = {m["label"]: m for m in r["models"]}
+    assert all(by[d["label"]]["meets"] for d in designs)
+    m = by[TIED]
+    assert m["cache_rel"] == pytest.approx(0.1253, abs=1e-4)  # tied K/V: 1/8 plus the exact tokens
+    assert m["train_rel"] == pytest.approx(2.0 / 1.6) and m["decode_rel"] == pytest.approx(1.25)
+    assert not by[UNREP]["meets"] and by[UNREP]["role"] == "unrepaired"
+    assert FULL not in by  # the reference is not a candidate
+
+
+def test_every_miss_is_named_with_its_size():
+    flat = [_row(_seeded(TIED, s)) for s in (42, 43)]
+    weak = _seeded(TIED, 44)
+    untied = "W8/S4 · 2 KV · staggered heads · coverage reg 0.1"
+    designs = [*flat, _row(weak, gap=4.2, gap_ci=(2.6, 5.8), period=4, p=0.0002),
+               _row(untied, train=2.5, decode=1.0, mean=86.0)]
+    r = evaluate(_summaries(designs, in_seq={untied: _row(untied, mean=93.0, p=0.01)}), UNREP)
+    assert r["repaired"] == [] and "seed(s) 42, 43 of 42, 43, 44" in r["verdict"]
+    by = {m["label"]: m for m in r["models"]}
+    assert by[weak]["misses"] == ["prefix p = 0.0002", "prefix period 4",
+                                  "prefix gap 4.2 [2.6, 5.8] above full's <= 1.0",
+                                  "in-sequence p = 0.0002", "in-sequence period 4",
+                                  "in-sequence gap 4.2 [2.6, 5.8] above full's <= 1.0"]
+    misses = "; ".join(by[untied]["misses"])
+    assert "cache 0.2505 > 0.25 (by 0.21%)" in misses  # 16 exact tokens and the windows in flight
+    assert "train 1.56x > 1.5x" in misses and "decode" not in misses
+    assert "prefix mean 86.0, 7.0 below full" in misses and "in-sequence p = 0.0100" in misses
+    with pytest.raises(Exception, match="not among the evaluated"):
+        evaluate(_summaries([]), "W8/S8 · 1 KV")
+
+
+def test_goals_are_thresholds_not_constants():
+    designs = [_row(_seeded(TIED, s), mean=90.0) for s in (42, 43)]
+    assert evaluate(_summaries(designs), UNREP)["repaired"] == []  # 3 seeds by default
+    assert evaluate(_summaries(designs), UNREP, goals=Goals(seeds=2))["repaired"] == [TIED]
+    assert evaluate(_summaries(designs), UNREP, goals=Goals(seeds=2, max_mean_drop=2.0))["repaired"] == []
+
+
+def test_training_cost_includes_the_coverage_regulariser():
+    plain = ModelConfig.from_name("W4/S4 · 2 KV · staggered heads", vocab_size=64)
+    reg = plain.replace(coverage_reg=0.1)
+    t = measure_costs({"plain": plain, "reg": reg}, Bench(batch=2, seq_len=32, decode_context=16, decode_steps=2,
+                                                          reps=1))
+    assert set(t) == {"plain", "reg"} and all(v["train_s"] > 0 and v["decode_s"] > 0 for v in t.values())
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """Untrained tiny models evaluated under both paddings, laid out as a study directory."""
+    root = tmp_path_factory.mktemp("repair")
+    V = WordTokenizer(build_word_tokenizer(), "word").vocab_size
+    names = [FULL, "W4/S4 · 1 KV", "W4/S4 · 2 KV · tied K/V · staggered heads · coverage reg 0.3"]
+    for name in names:
+        cfg = ModelConfig.from_name(name, vocab_size=V)
+        PhaseLM(cfg).save(root / "runs" / cfg.alias)
+        em = load(root / "runs" / cfg.alias)
+        for padding in ("prefix", "in-sequence"):
+            prompts = lookup_config(records=12, demos=2, filler=8, modulus=4, per_group=16, mappings=2,
+                                    padding=padding)
+            run_retrieval("lookup", em, prompts, root / "eval" / f"lookup-{padding}" / cfg.alias, progress=False)
+    return root
+
+
+def test_cli_writes_goals_frontier_and_the_report_section(study):
+    app = typer.Typer()
+    mitigate_cli.register(app)
+    r = CliRunner().invoke(app, ["repair", str(study), "--unrepaired", "w4s4-1kv", "--bench-reps", "1",
+                                 "--bench-batch", "2", "--bench-seq-len", "32", "--decode-context", "32"])
+    assert r.exit_code == 0, r.output
+    goals = json.loads((study / "repair" / "goals.json").read_text())
+    assert goals["schema"] == SCHEMA and goals["unrepaired"] == "W4/S4 · 1 KV" and goals["reference"] == FULL
+    assert [m["label"] for m in goals["models"]] == ["W4/S4 · 1 KV", "W4/S4 · 2 KV · tied K/V · staggered heads · coverage reg 0.3"]
+    assert all(m["train_rel"] is not None and set(m["paddings"]) == {"prefix", "in-sequence"} for m in goals["models"])
+    assert (study / "repair" / "frontier.png").stat().st_size > 0
+    for p in ("prefix", "in-sequence"):
+        assert json.loads((study / "repair" / p / "summary.json").read_text())["protocol"] == p
+    page = render_report(study, progress=False).read_text()
+    assert 'id="repair"' in page and goals["verdict"] in page.replace("&#x27;", "'").replace("&gt;", ">")
+
+
+def test_cli_errors_are_one_line(study, tmp_path):
+    app = typer.Typer()
+    mitigate_cli.register(app)
+    r = CliRunner().invoke(app, ["repair", str(tmp_path), "--bench-reps", "0"])
+    assert r.exit_code != 0 and "no lookup evaluations" in str(r.exception)
+    r = CliRunner().invoke(app, ["repair", str(study), "--unrepaired", "W8/S8 · 1 KV", "--bench-reps", "0"])
+    assert r.exit_code != 0 and "--unrepaired 'W8/S8 · 1 KV' is not among" in str(r.exception)
