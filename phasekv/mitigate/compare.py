@@ -79,10 +79,15 @@ def _summaries(paths: list[Path], protocol: str | None) -> list[tuple[Path, dict
     tasks = {(s["task"], s["protocol"], s["modulus"]) for _, s in summaries}
     if len(tasks) > 1:
         raise DataError(f"compare needs evaluations of one task, padding and modulus; got {sorted(tasks)}")
-    labels = [s["model"] for _, s in summaries]
-    dup = sorted({x for x in labels if labels.count(x) > 1})
+    dirs = [d.resolve() for d, _ in summaries]
+    dup = sorted({str(d) for d in dirs if dirs.count(d) > 1})
     if dup:
-        raise DataError(f"two evaluations of the same model {dup[0]!r}; compare each model once")
+        raise DataError(f"{dup[0]}: the same evaluation twice; compare each model once")
+    seen: set[str] = set()
+    for d, s in summaries:  # one name trained two ways (say, another data recipe): the later ones by directory
+        if s["model"] in seen:
+            s["model"] = f"{s['model']} ({d.name})"
+        seen.add(s["model"])
     return summaries
 
 

@@ -19,6 +19,7 @@ Outputs: DIR/repair/{prefix,in-sequence}/ (two `phasekv compare` outputs), DIR/r
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,9 +49,10 @@ class Goals:
     seeds: int = 3  # seeds at which a design must meet every goal
 
 
-def design_name(cfg: ModelConfig) -> str:
-    """A design is a model name without its seed: its seeds are replicates of one design."""
-    return cfg.replace(seed=42).name
+def design_name(label: str) -> str:
+    """A design is a model's label without its seed (`· seed 43`): its seeds are replicates of one design. The
+    label keeps what else tells designs apart: a phase ensemble's k, a training recipe's directory."""
+    return re.sub(r" · seed \d+", "", label)
 
 
 def cache_same_kv(cfg: ModelConfig, context: int) -> float:
@@ -111,8 +113,7 @@ def evaluate(summaries: dict[str, dict], unrepaired: str, context: int = 32768, 
             continue
         by_padding = {p: rows[p].get(label) for p in PADDINGS}
         checks = check_model(row, by_padding, ref, pre[unrepaired], cfg, context, goals)
-        k = row.get("ensemble_k") or 1
-        design = design_name(cfg) + (f" · phase ensemble {k}" if k > 1 else "")
+        design = design_name(label)
         m = {"label": label, "design": design, "seed": cfg.seed, "role": "unrepaired" if label == unrepaired else "design",
              "cache_rel": checks[0]["value"], "train_rel": checks[1]["value"], "decode_rel": checks[2]["value"],
              "paddings": {p: _padding_numbers(r) for p, r in by_padding.items() if r is not None},

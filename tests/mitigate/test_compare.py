@@ -1,6 +1,7 @@
 """`phasekv compare`: the stable summary schema, cache and cost columns, Pareto flags, the acceptance check."""
 
 import json
+import shutil
 
 import pandas as pd
 import pytest
@@ -87,4 +88,14 @@ def test_cli(evals, tmp_path):
     s = json.loads((tmp_path / "c" / "summary.json").read_text())
     assert s["baseline"] == "W4/S4 · 1 KV" and s["models"][1]["train_cost_rel"] is None
     r = CliRunner().invoke(app, ["compare", str(dirs[0]), str(dirs[0]), "--out", str(tmp_path / "d")])
-    assert r.exit_code != 0 and "same model" in str(r.exception)
+    assert r.exit_code != 0 and "the same evaluation twice" in str(r.exception)
+
+
+def test_one_name_trained_two_ways_is_labelled_by_directory(evals, tmp_path):
+    root, dirs = evals
+    twin = tmp_path / "w4s4-1kv-other-data"
+    shutil.copytree(dirs[1], twin)
+    s = compare([dirs[0], dirs[1], twin], bench=Bench(reps=0))
+    assert [r["label"] for r in s["models"]] == ["Full attention · 1 KV", "W4/S4 · 1 KV",
+                                                 "W4/S4 · 1 KV (w4s4-1kv-other-data)"]
+    assert s["models"][2]["model"] == "W4/S4 · 1 KV" and s["models"][2]["cache_rel"] == s["models"][1]["cache_rel"]

@@ -15,7 +15,7 @@ from phasekv.eval.run import run_retrieval
 from phasekv.eval.tokens import WordTokenizer
 from phasekv.mitigate import cli as mitigate_cli
 from phasekv.mitigate.cost import Bench, measure_costs
-from phasekv.mitigate.repair import SCHEMA, Goals, evaluate
+from phasekv.mitigate.repair import SCHEMA, Goals, design_name, evaluate
 from phasekv.report.render import render_report
 
 FULL, UNREP = "Full attention · 1 KV", "W8/S4 · 1 KV"
@@ -76,6 +76,12 @@ def test_every_miss_is_named_with_its_size():
     assert "prefix mean 86.0, 7.0 below full" in misses and "in-sequence p = 0.0100" in misses
     with pytest.raises(Exception, match="not among the evaluated"):
         evaluate(_summaries([]), "W8/S8 · 1 KV")
+
+
+def test_a_design_is_a_label_without_its_seed():
+    assert design_name("W8/S4 · 2 KV · seed 43 · coverage reg 0.1") == "W8/S4 · 2 KV · coverage reg 0.1"
+    assert design_name("W8/S4 · 1 KV (w8s4-1kv-adjacent)") == "W8/S4 · 1 KV (w8s4-1kv-adjacent)"  # another recipe
+    assert design_name("W8/S4 · 1 KV · phase ensemble 2") == "W8/S4 · 1 KV · phase ensemble 2"
 
 
 def test_goals_are_thresholds_not_constants():
