@@ -49,10 +49,30 @@ class Goals:
     seeds: int = 3  # seeds at which a design must meet every goal
 
 
+RECIPE = ("steps", "batch_size", "seq_len", "lr", "warmup")  # training settings that make a recipe, with the data
+
+
 def design_name(label: str) -> str:
     """A design is a model's label without its seed (`· seed 43`): its seeds are replicates of one design. The
-    label keeps what else tells designs apart: a phase ensemble's k, a training recipe's directory."""
+    label keeps what else tells designs apart: a phase ensemble's k, a training recipe (`recipe_tag`)."""
     return re.sub(r" · seed \d+", "", label)
+
+
+def recipe(run_dir: Path) -> dict:
+    """The training recipe of a run directory (config.json): steps, batch, lr, ... and every data setting."""
+    try:
+        train = json.loads((Path(run_dir) / "config.json").read_text()).get("train", {})
+    except (OSError, json.JSONDecodeError):
+        return {}
+    data = train.get("data") or {}
+    return ({k: train.get(k) for k in RECIPE} | {"data": data.get("data")}
+            | {f"recall {k}": v for k, v in (data.get("recall") or {}).items()})
+
+
+def recipe_tag(mine: dict, base: dict) -> str:
+    """' (trained with recall gap_prob 0.5)': where a run's recipe differs from the unrepaired model's."""
+    diff = [f"{k} {v}" for k, v in mine.items() if base and k in base and base[k] != v]
+    return f" (trained with {', '.join(diff)})" if diff else ""
 
 
 def cache_same_kv(cfg: ModelConfig, context: int) -> float:
@@ -95,9 +115,11 @@ def check_model(row: dict, by_padding: dict[str, dict], ref: dict[str, dict], un
     return out
 
 
-def evaluate(summaries: dict[str, dict], unrepaired: str, context: int = 32768, goals: Goals = Goals()) -> dict:
+def evaluate(summaries: dict[str, dict], unrepaired: str, context: int = 32768, goals: Goals = Goals(),
+             runs: Path | None = None) -> dict:
     """The goals table from the compare summaries of both paddings (padding -> phasekv.compare/1 summary; the
-    costs are read from the prefix one)."""
+    costs are read from the prefix one). `runs`: the training run directories by alias (an evaluation's
+    directory name), whose recipes tell apart one model name trained two ways."""
     rows = {p: {r["label"]: r for r in s["models"]} for p, s in summaries.items()}
     pre = rows["prefix"]
     ref_label = summaries["prefix"]["reference"]
@@ -106,15 +128,18 @@ def evaluate(summaries: dict[str, dict], unrepaired: str, context: int = 32768, 
     if unrepaired not in pre:
         raise ConfigError(f"repair: --unrepaired {unrepaired!r} is not among the evaluated models: {', '.join(pre)}")
     ref = {p: rows[p].get(ref_label) for p in PADDINGS}
+    recipes = {label: recipe(runs / Path(row["eval_dir"]).name) if runs else {} for label, row in pre.items()}
     models, designs = [], {}
     for label, row in pre.items():
-        cfg = ModelConfig.from_name(row["model"])  # the label of a phase ensemble names its k too
+        cfg = ModelConfig.from_name(row["model"])
         if not cfg.compressed:
             continue
         by_padding = {p: rows[p].get(label) for p in PADDINGS}
         checks = check_model(row, by_padding, ref, pre[unrepaired], cfg, context, goals)
-        design = design_name(label)
-        m = {"label": label, "design": design, "seed": cfg.seed, "role": "unrepaired" if label == unrepaired else "design",
+        k = row.get("ensemble_k") or 1
+        name = cfg.name + (f" · phase ensemble {k}" if k > 1 else "") + recipe_tag(recipes[label], recipes[unrepaired])
+        design = design_name(name)
+        m = {"label": name, "design": design, "seed": cfg.seed, "role": "unrepaired" if label == unrepaired else "design",
              "cache_rel": checks[0]["value"], "train_rel": checks[1]["value"], "decode_rel": checks[2]["value"],
              "paddings": {p: _padding_numbers(r) for p, r in by_padding.items() if r is not None},
              "checks": checks, "misses": [c["miss"] for c in checks if not c["ok"]]}
@@ -160,7 +185,7 @@ def run_repair(root: Path, unrepaired: str, reference: str | None = None, contex
         summaries[padding] = compare(evals, root / "repair" / padding, reference=reference, baseline=unrepaired,
                                      protocol=padding, context=context, bench=b, progress=progress,
                                      baseline_flag="--unrepaired")
-    result = evaluate(summaries, summaries["prefix"]["baseline"], context, goals)  # the alias resolved
+    result = evaluate(summaries, summaries["prefix"]["baseline"], context, goals, runs=root / "runs")
     write_json(root / "repair" / "goals.json", result, default=json_default)
     plot_frontier(result, root / "repair" / "frontier.png")
     return result

@@ -24,7 +24,7 @@ TIED = "W8/S4 · 2 KV · tied K/V · staggered heads · coverage reg 0.3"
 
 def _row(label, mean=95.0, gap=0.5, gap_ci=(0.0, 1.5), period=1, p=0.6, train=1.0, decode=1.0, k=1):
     cfg = ModelConfig.from_name(label)
-    return {"label": label, "model": cfg.name, "ensemble_k": k, "mean": mean, "mean_ci": [mean - 1, mean + 1],
+    return {"label": label, "model": cfg.name, "ensemble_k": k, "eval_dir": f"eval/{cfg.alias}", "mean": mean, "mean_ci": [mean - 1, mean + 1],
             "gap": gap, "gap_ci": list(gap_ci), "gap_raw": gap + 1, "detected_period": period, "periodicity_p": p,
             "worst": mean - gap, "worst_residue": 0, "train_cost_rel": train, "decode_cost_rel": decode}
 
@@ -82,6 +82,28 @@ def test_a_design_is_a_label_without_its_seed():
     assert design_name("W8/S4 · 2 KV · seed 43 · coverage reg 0.1") == "W8/S4 · 2 KV · coverage reg 0.1"
     assert design_name("W8/S4 · 1 KV (w8s4-1kv-adjacent)") == "W8/S4 · 1 KV (w8s4-1kv-adjacent)"  # another recipe
     assert design_name("W8/S4 · 1 KV · phase ensemble 2") == "W8/S4 · 1 KV · phase ensemble 2"
+
+
+def test_one_name_trained_with_another_recipe_is_its_own_design(tmp_path):
+    """Design 7 of the sweep: the unrepaired model's name, trained with half the records adjacent. Its seeds
+    group under a name that says so; the unrepaired model stays apart."""
+    def run(alias, gap_prob, seed=42):
+        d = tmp_path / alias
+        d.mkdir()
+        d.joinpath("config.json").write_text(json.dumps({"train": {
+            "steps": 1600, "batch_size": 64, "seq_len": 96, "lr": 3e-3, "warmup": 100, "seed": seed,
+            "data": {"data": "recall", "recall": {"gap_prob": gap_prob, "max_gap": 4}}}}))
+    run("w8s4-1kv", 1.0)
+    rows = [_row(UNREP.replace("1 KV", "1 KV · seed 43"))] + [_row(_seeded(UNREP, s)) for s in (44, 45)]
+    for r in rows:
+        run(r["eval_dir"].split("/")[1], 0.5)
+    tagged = "W8/S4 · 1 KV (trained with recall gap_prob 0.5)"
+    r = evaluate(_summaries(rows), UNREP, runs=tmp_path)
+    assert r["repaired"] == [] and all(m["misses"][0].startswith("cache 0.2505") for m in r["models"])  # 16 exact tokens
+    r = evaluate(_summaries(rows), UNREP, runs=tmp_path, goals=Goals(max_cache=0.26))
+    assert r["repaired"] == [tagged] and {d["design"]: d["seeds"] for d in r["designs"]} == {UNREP: [42], tagged: [43, 44, 45]}
+    assert {m["label"] for m in r["models"]} == {UNREP, *(f"W8/S4 · 1 KV · seed {s} (trained with recall gap_prob 0.5)"
+                                                         for s in (43, 44, 45))}
 
 
 def test_goals_are_thresholds_not_constants():
