@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from phasekv.config import ModelConfig
 from phasekv.config.names import PAPER_GRID, parse_name
 
 STUDY_PRESET = "tiny-8h"  # the study's backbone: every run of the grid is valid on it (8 KV heads need 8 query heads)
@@ -17,7 +18,8 @@ class DemoPlan:
     kind: str = "demo"  # "demo" (five models) | "study" (the paper's grid), in messages and the report
     # --- models (paper names; tiny preset) ---
     models: list[str] = field(default_factory=lambda: [
-        "Full attention · 1 KV", "W8/S8 · 1 KV", "W8/S4 · 1 KV", "W8/S8 · 1 KV · uniform averaging", "W6/S6 · 1 KV"])
+        "Full attention · 1 KV", "W8/S8 · 1 KV", "W8/S4 · 1 KV", "W8/S8 · 1 KV · uniform averaging", "W6/S6 · 1 KV",
+        "W12/S6 · 2 KV"])  # the last: the repair (issue 18), trained with half the records adjacent (per_model)
     preset: str = "tiny"
     # --- training (phasekv train on synthetic associative recall: 2-16 records over 32 keys and 32 names, queries
     #     drawn with replacement, every record followed by 1-4 filler words; measured, see README) ---
@@ -27,11 +29,16 @@ class DemoPlan:
     batch_size: int = 64  # sequences per step (at 32, per step, W8/S8 learned far slower: loss 2.95 and a lookup
     #                       mean of 3.9% after 1,000 steps, where 64 had 0.82; measured)
     per_model: dict = field(default_factory=lambda: {"W8/S8 · 1 KV": {"steps": 1600},
-                                                     "W8/S8 · 1 KV · uniform averaging": {"steps": 3200}})  # models
+                                                     "W8/S8 · 1 KV · uniform averaging": {"steps": 3200},
+                                                     "W12/S6 · 2 KV": {"recall": {"gap_prob": 0.5}}})  # models
     #   trained longer: W8/S8 is still learning at 1,000 steps (mean 20.4, gap 41.8 [38.4, 45.2], period 8 there;
     #   33.5, 96.9 at 1,600). Averaging a window has no gate to pick the record, so uniform averaging learns slowly
     #   (mean 10.5, gap 9.7 [5.7, 10.9] at 2,400 steps; mean 19.5, gap 21.0 [15.8, 22.9], period 8 at 3,200; at
-    #   lr 6e-3 its loss was no lower by 1,700 steps; at batch 32 it stayed at ~2.3 through 3,200; measured)
+    #   lr 6e-3 its loss was no lower by 1,700 steps; at batch 32 it stayed at ~2.3 through 3,200; measured).
+    #   The repair trains on half its records adjacent (gap_prob 0.5): with records spaced out a window mostly holds
+    #   one record, its gates learn a favourite offset, and dense prompts lose the records at the other phases;
+    #   trained on adjacent records too, W12/S6 · 2 KV was flat at 100% under both paddings at seeds 42-44 (1,600
+    #   steps; its loss was flat from ~800; sweeps/repair.toml, README "Repairing the weak phases")
     seq_len: int = 96  # tokens per training sequence (~7 spaced-out records fit; lookup prompts are 90)
     lr: float = 3e-3
     warmup: int = 100
@@ -61,12 +68,26 @@ class DemoPlan:
     flip_lengths: int = 24  # filler lengths of the flip sweep (3 per phase at S = 8)
     # --- theory ---
     theory_quick: bool = True  # phasekv.theory.run_all(quick=...)
+    # --- the repair (`phasekv repair`): every compressed model against the repair's goals, costs relative to this
+    #     model (None: no repair stage); the demo has one seed, so the goals are checked at one ---
+    repair_unrepaired: str | None = "W8/S4 · 1 KV"
+    repair_seeds: int = 1
+    repair_models: list[str] = field(default_factory=lambda: ["W12/S6 · 2 KV"])  # the repair designs among the
+    #   models: the report checks them for no weak phase, not for the study's weak spots
+
+    def _own(self, model: str) -> dict:
+        """`per_model`'s settings of `model` (any spelling of a name: paper name or alias)."""
+        own = {tuple(sorted(parse_name(m).items())): o for m, o in self.per_model.items()}
+        return own.get(tuple(sorted(parse_name(model).items())), {})
 
     def training_of(self, model: str) -> dict:
-        """{"steps", "batch_size", "lr"} of `model` (any spelling of a name: paper name or alias)."""
-        own = {tuple(sorted(parse_name(m).items())): o for m, o in self.per_model.items()}
+        """{"steps", "batch_size", "lr"} of `model`."""
         base = {"steps": self.steps, "batch_size": self.batch_size, "lr": self.lr}
-        return base | own.get(tuple(sorted(parse_name(model).items())), {})
+        return base | {k: v for k, v in self._own(model).items() if k != "recall"}
+
+    def recall_of(self, model: str) -> dict:
+        """The recall data settings `model` trains on: the plan's, with its own `per_model` "recall" changes."""
+        return self.recall | self._own(model).get("recall", {})
 
     def steps_of(self, model: str) -> int:
         return self.training_of(model)["steps"]
@@ -82,6 +103,14 @@ class DemoPlan:
         return f"{self.steps} steps of {self.batch_size} sequences per model" + "".join(
             f" ({m}: {', '.join(_setting(k, v) for k, v in o.items())})" for m, o in self.per_model.items())
 
+    def repairs(self) -> bool:
+        """Whether the plan checks the repair's goals (`phasekv repair`): its unrepaired model and a full-attention
+        model are among its models."""
+        if not self.repair_unrepaired:
+            return False
+        cfgs = {c.name: c for c in (ModelConfig.from_name(m, preset=self.preset) for m in self.models)}
+        return self.repair_unrepaired in cfgs and any(not c.compressed for c in cfgs.values())
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -93,9 +122,11 @@ class DemoPlan:
 def plan_for(quick: bool) -> DemoPlan:
     """The full demo (the study at the tiny preset) or its ~2-minute smoke version (too short to train the
     models to the point where the effects show; it exercises every stage and the report)."""
+    full = DemoPlan(mode="full")
     if not quick:
-        return DemoPlan(mode="full")
-    return DemoPlan(mode="quick", steps=30, per_model={}, warmup=10, ckpt_every=15, batch_size=32, per_group=24, mappings=8,
+        return full
+    data = {m: {"recall": o["recall"]} for m, o in full.per_model.items() if "recall" in o}  # what, not how long
+    return DemoPlan(mode="quick", steps=30, per_model=data, warmup=10, ckpt_every=15, batch_size=32, per_group=24, mappings=8,
                     ko_per_group=24,
                     n_cal=32, gate_prompts=32, cycle_per_group=24, deltas=[-1, 1], n_boot=200, flip_lengths=8)
 
@@ -116,8 +147,11 @@ def study_plan(quick: bool, preset: str = STUDY_PRESET) -> DemoPlan:
     base = {"steps": steps, "batch_size": demo.batch_size, "lr": demo.lr}
     per_model = {m: uniform for m in PAPER_GRID if uniform != base and parse_name(m).get("gate") == "uniform"}
     return dataclasses.replace(demo, kind="study", models=list(PAPER_GRID), preset=preset, steps=steps,
-                               per_model=per_model, **(STUDY_QUICK if quick else {}))
+                               per_model=per_model, repair_unrepaired=None, repair_models=[],
+                               **(STUDY_QUICK if quick else {}))
 
 
 def _setting(key: str, value) -> str:
+    if key == "recall":
+        return ", ".join(f"{k} {v}" for k, v in value.items())
     return {"steps": f"{value} steps", "batch_size": f"batch {value}", "lr": f"lr {value:g}"}.get(key, f"{key} {value}")

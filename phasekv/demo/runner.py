@@ -146,6 +146,10 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
     tasks.append(Task("compare", stages.compare, {"plan": p, "evals": [t.kwargs["out"] for t in prefix],
                                                   "out": str(lay.compare)},
                       lambda: done(lay.compare), [t.name for t in prefix]))
+    if plan.repairs():
+        lookups = [t.name for t in tasks if t.name.startswith(LOOKUP.name)]
+        tasks.append(Task("repair goals", stages.repair, {"plan": p, "root": str(root)},
+                          lambda: (lay.repair / "goals.json").is_file(), lookups))
     tasks.append(Task("theory checks", stages.theory, {"plan": p, "out": str(lay.theory)},
                       lambda: all((lay.theory / c / "summary.json").is_file() for c in THEORY_CHECKS)))
     # trainings first, the longest (most sequences) first: it is the critical path; then in model order

@@ -45,7 +45,7 @@ def train_model(plan: dict, arch: str, run_dir: str) -> dict:
     if not resume and Path(run_dir).exists():
         shutil.rmtree(run_dir)
     cfg = TrainConfig(arch=arch, preset=p.preset, **p.training_of(arch), seq_len=p.seq_len, warmup=p.warmup,
-                      ckpt_every=p.ckpt_every, val_every=0, out=run_dir, threads=1, progress=False, data={"data": "recall", "recall": {**p.recall, "seq_len": p.seq_len}})
+                      ckpt_every=p.ckpt_every, val_every=0, out=run_dir, threads=1, progress=False, data={"data": "recall", "recall": {**p.recall_of(arch), "seq_len": p.seq_len}})
     start = read_trainer_state(last)["step"] if resume else 0
     return {**train(cfg, resume=resume), "resumed_from": start}
 
@@ -147,6 +147,20 @@ def examples(plan: dict, root: str, aliases: list[str], tokenizer_run: str) -> d
 
 
 SWEEPS = {"flip": flip}  # the demo stage of each protocol that is not a retrieval (`Protocol.retrieval`)
+
+
+def repair(plan: dict, root: str) -> dict:
+    """Every compressed model against the repair's goals (`phasekv repair`), at the plan's seeds."""
+    from phasekv.mitigate.cost import Bench
+    from phasekv.mitigate.repair import Goals, run_repair
+
+    _setup()
+    p = DemoPlan.from_dict(plan)
+    quick = p.mode == "quick"  # steps of the training batch; a smoke run times a small one, once
+    bench = Bench(batch=8 if quick else p.batch_size, seq_len=32 if quick else p.seq_len, reps=1 if quick else 5,
+                  decode_context=64 if quick else 512)
+    return run_repair(Path(root), p.repair_unrepaired, bench=bench, goals=Goals(seeds=p.repair_seeds),
+                      progress=False)
 
 
 def compare(plan: dict, evals: list[str], out: str) -> dict:

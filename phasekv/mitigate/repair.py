@@ -181,7 +181,7 @@ def run_repair(root: Path, unrepaired: str, reference: str | None = None, contex
         if not evals:
             raise DataError(f"{root}/eval/lookup-{padding}: no lookup evaluations (phasekv eval lookup --padding "
                             f"{padding} --out {root}/eval/lookup-{padding}/ALIAS)")
-        b = (bench or Bench()) if padding == "prefix" else Bench(reps=0)  # costs do not depend on the padding
+        b = (bench or Bench(batch=64, seq_len=96)) if padding == "prefix" else Bench(reps=0)  # the same costs
         summaries[padding] = compare(evals, root / "repair" / padding, reference=reference, baseline=unrepaired,
                                      protocol=padding, context=context, bench=b, progress=progress,
                                      baseline_flag="--unrepaired")

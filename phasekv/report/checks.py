@@ -75,8 +75,12 @@ def lookup_checks(study: Study, padding: str, protocol: str = LOOKUP.name) -> li
                              learnt[alias], f"mean {s['mean']:.1f} [{lo:.1f}, …] vs chance ≈ {chance:.1f} "
                              f"(1 of {s['records']} names)"))
     baselines = [a for a in stages if a in models and not models[a].compressed]
-    compressed = [a for a in stages if a in models and models[a].compressed]
+    repairs = repair_aliases(study)
+    compressed = [a for a in stages if a in models and models[a].compressed and a not in repairs]
     base = baselines[0] if baselines else None
+    for alias in (a for a in stages if a in repairs):
+        out.append(_repair_check(models[alias].name, stages[alias].summary,
+                                 stages[base].summary if base else None, models[base].name if base else None))
     for alias in compressed:
         m, s = models[alias], stages[alias].summary
         gap, lo, hi = _gap(s)
@@ -111,6 +115,24 @@ def lookup_checks(study: Study, padding: str, protocol: str = LOOKUP.name) -> li
                          f"gap {gap:.1f} [{lo:.1f}, {hi:.1f}], detected period {s.get('detected_period')}"
                          + ("" if p is None else f", p = {p:.3f}")))
     return out
+
+
+def repair_aliases(study: Study) -> set[str]:
+    """The repair designs among the study's models (the demo plan's `repair_models`)."""
+    names = set((study.manifest.get("plan") or {}).get("repair_models") or [])
+    return {a for a, m in study.models.items() if m.name in names}
+
+
+def _repair_check(name: str, s: dict, base: dict | None, base_name: str | None) -> Check:
+    """A repair design has no weak phase: detected period 1 and a gap interval overlapping full attention's."""
+    gap, lo, hi = _gap(s)
+    claim = f"{name} (the repair): no weak phase, like full attention (period 1, gap intervals overlapping)"
+    if base is None:
+        return Check(claim, None, f"gap {gap:.1f} [{lo:.1f}, {hi:.1f}]; no full-attention baseline")
+    bgap, blo, bhi = _gap(base)
+    ok = s.get("detected_period") == 1 and lo <= bhi
+    return Check(claim, ok, f"gap {gap:.1f} [{lo:.1f}, {hi:.1f}] vs {base_name}'s {bgap:.1f} [{blo:.1f}, {bhi:.1f}], "
+                            f"detected period {s.get('detected_period')}")
 
 
 def cycling_checks(study: Study) -> list[Check]:
