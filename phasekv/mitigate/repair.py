@@ -227,12 +227,3 @@ def plot_frontier(result: dict, path: Path) -> None:
     write_figure(path, fig, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
 
-
-def load_goals(path: Path) -> dict:
-    try:
-        result = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DataError(f"{path}: unreadable JSON ({exc})") from None
-    if result.get("schema") != SCHEMA:
-        raise DataError(f"{path}: schema {result.get('schema')!r}, expected {SCHEMA}")
-    return result
