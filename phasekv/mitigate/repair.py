@@ -160,12 +160,18 @@ def _padding_numbers(r: dict) -> dict:
                                   "worst", "worst_residue")}
 
 
+def seed_count(n: int) -> str:
+    return f"{n} seed" + ("s" if n != 1 else "")
+
+
 def verdict_text(repaired: list[str], designs: list[dict], goals: Goals) -> str:
+    seeds = seed_count(goals.seeds)
     if repaired:
-        return f"repaired: {', '.join(repaired)} meet every goal at >= {goals.seeds} seeds"
+        verb = "meets" if len(repaired) == 1 else "meet"
+        return f"repaired: {', '.join(repaired)} {verb} every goal at >= {seeds}"
     near = [d for d in designs if d["meeting_seeds"]]
     if near:
-        return ("no design meets every goal at " f"{goals.seeds} seeds; every goal is met by "
+        return (f"no design meets every goal at {seeds}; every goal is met by "
                 + "; ".join(f"{d['design']} at seed(s) {', '.join(map(str, d['meeting_seeds']))} of "
                             f"{', '.join(map(str, d['seeds']))}" for d in near))
     return "no design meets every goal at any seed (the frontier below shows how close each comes)"

@@ -16,6 +16,7 @@ from phasekv.eval.figure import PALETTE, Figure, to_plotly, to_png
 from phasekv.eval.protocols import retrieval_protocols
 from phasekv.io import write_json, write_text
 from phasekv.mitigate.criteria import verdict_lines
+from phasekv.mitigate.repair import seed_count
 from phasekv.progress import Progress
 from phasekv.report import checks, claims, figures, html, published, tables
 from phasekv.report.html import esc, fmt
@@ -437,7 +438,7 @@ def section_repair(b: Builder) -> None:
     body = (f"<p>Goals: cache ≤ {g['max_cache']:g} of full attention with the same KV heads; under both paddings "
             f"periodicity p &gt; {g['min_p']:g}, detected period 1, the gap's 95% interval overlapping the reference's, "
             f"mean within {g['max_mean_drop']:g} points of the reference's; training and decode step ≤ {g['max_cost']:g}× "
-            f"the unrepaired model's (measured side by side); at {g['seeds']} seeds.</p>")
+            f"the unrepaired model's (measured side by side); at {seed_count(g['seeds'])}.</p>")
     body += html.table(["model", "cache", "train", "decode", "prefix mean [95%]", "gap [95%]", "period (p)",
                         "in-seq. mean [95%]", "gap [95%]", "period (p)", "goals"], rows)
     cls = "pass" if r["repaired"] else "fail"

@@ -47,7 +47,8 @@ def _seeded(name: str, seed: int) -> str:
 def test_a_design_flat_at_three_seeds_is_the_repair():
     designs = [_row(_seeded(TIED, s), train=2.0, decode=1.5) for s in (42, 43, 44)]
     r = evaluate(_summaries(designs), UNREP)
-    assert r["schema"] == SCHEMA and r["repaired"] == [TIED] and "repaired" in r["verdict"]
+    assert r["schema"] == SCHEMA and r["repaired"] == [TIED]
+    assert r["verdict"] == f"repaired: {TIED} meets every goal at >= 3 seeds"
     by = {m["label"]: m for m in r["models"]}
     assert all(by[d["label"]]["meets"] for d in designs)
     m = by[TIED]
@@ -55,6 +56,8 @@ def test_a_design_flat_at_three_seeds_is_the_repair():
     assert m["train_rel"] == pytest.approx(2.0 / 1.6) and m["decode_rel"] == pytest.approx(1.25)
     assert not by[UNREP]["meets"] and by[UNREP]["role"] == "unrepaired"
     assert FULL not in by  # the reference is not a candidate
+    one = evaluate(_summaries(designs[:1]), UNREP, goals=Goals(seeds=1))
+    assert one["verdict"] == f"repaired: {TIED} meets every goal at >= 1 seed"
 
 
 def test_every_miss_is_named_with_its_size():
