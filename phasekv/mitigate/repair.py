@@ -103,8 +103,9 @@ def check_model(row: dict, by_padding: dict[str, dict], ref: dict[str, dict], un
             out.append(_check(f"{padding}: evaluated", None, None, False, f"{padding}: not evaluated"))
             continue
         p, period = r.get("periodicity_p"), r.get("detected_period")
+        untestable = f"{padding} periodicity not testable at S = {cfg.stride} (the lookup's modulus is no multiple of it)"
         out.append(_check(f"{padding}: p", p, goals.min_p, p is not None and p == p and p > goals.min_p,
-                          f"{padding} p = {p if p is None else f'{p:.4f}'}"))
+                          untestable if p is None else f"{padding} p = {p:.4f}"))
         out.append(_check(f"{padding}: period", period, 1, str(period) == "1", f"{padding} period {period}"))
         lo, ref_hi = r["gap_ci"][0], f["gap_ci"][1]
         out.append(_check(f"{padding}: gap", r["gap"], ref_hi, lo <= ref_hi,

@@ -77,6 +77,11 @@ def test_every_miss_is_named_with_its_size():
     assert "cache 0.2505 > 0.25 (by 0.21%)" in misses  # 16 exact tokens and the windows in flight
     assert "train 1.56x > 1.5x" in misses and "decode" not in misses
     assert "prefix mean 86.0, 7.0 below full" in misses and "in-sequence p = 0.0100" in misses
+    w10 = "W10/S5 · 2 KV"  # S = 5 does not divide the lookup's modulus 24: no periodicity test, a named miss
+    r = evaluate(_summaries([_row(w10, p=None)]), UNREP)
+    assert next(m for m in r["models"] if m["label"] == w10)["misses"] == [
+        f"{pad} periodicity not testable at S = 5 (the lookup's modulus is no multiple of it)"
+        for pad in ("prefix", "in-sequence")]
     with pytest.raises(Exception, match="not among the evaluated"):
         evaluate(_summaries([]), "W8/S8 · 1 KV")
 
