@@ -15,7 +15,7 @@ STUDY_PRESET = "tiny-8h"  # the study's backbone: every run of the grid is valid
 @dataclass
 class DemoPlan:
     mode: str  # "full" | "quick"
-    kind: str = "demo"  # "demo" (five models) | "study" (the paper's grid), in messages and the report
+    kind: str = "demo"  # "demo" (six models) | "study" (the paper's grid), in messages and the report
     # --- models (paper names; tiny preset) ---
     models: list[str] = field(default_factory=lambda: [
         "Full attention · 1 KV", "W8/S8 · 1 KV", "W8/S4 · 1 KV", "W8/S8 · 1 KV · uniform averaging", "W6/S6 · 1 KV",
