@@ -13,6 +13,9 @@ Drawing with replacement matters: when every key is asked exactly once, a model 
 names already asked for, a shortcut that holds it on a plateau for thousands of steps before it learns to
 bind keys to names (measured at the tiny preset: 16 records stay near chance for 1,500+ steps with the
 permutation, and bind at ~1,000 steps with replacement).
+With `repeat_prob` > 0 that share of the training sequences is instead a random run of keys and names shown
+twice (loss on the second copy), the classic trigger of induction heads: on recall alone, full attention with 8
+query heads stays on the "any name in the context" plateau for thousands of steps (see `repeat_prob`).
 The held-out lookup evaluation uses another layout (64 adjacent records, 8 demonstrations, one target,
 no marker), so it is never trained on verbatim.
 
@@ -58,6 +61,11 @@ class RecallConfig:
     marker: str = "?"  # token between the records and the queries
     query_gaps: bool = False  # filler gaps between queries too (only the records' phases matter)
     curriculum: int = 0  # training examples over which the record range grows from 1 to [min, max] (0 = off)
+    repeat_prob: float = 0.0  # share of training sequences that are a random run of keys and names shown twice,
+    #                           loss on the second copy (held-out splits have none): it teaches the copy circuit
+    #                           (a previous-token head feeding a matching head) that recall needs. Without it full
+    #                           attention at 8 query heads stayed at chance (18.7% at 1,600 steps, seed 42); with
+    #                           0.25 it reached 99.9% (seed 42) and 100% (43) by 1,000 (measured, README)
     min_distance: int = 16  # a query is at least this many tokens after its record's key, i.e. beyond the
     #                         default local window of 16 exact tokens: answers must come from compressed memory
 
@@ -71,6 +79,8 @@ class RecallConfig:
         if self.max_prefix < 1 or self.max_gap < 1 or not 0 <= self.gap_prob <= 1 or min(self.min_distance, self.curriculum) < 0:
             raise ConfigError("recall: max_prefix and max_gap must be >= 1, min_distance and curriculum >= 0, "
                               "gap_prob in [0, 1]")
+        if not 0 <= self.repeat_prob < 1:
+            raise ConfigError(f"recall repeat_prob must be in [0, 1), got {self.repeat_prob}")
 
     def check_fits(self) -> None:
         """Refuse a seq_len too short for min_records records (worst-case gaps) and the longest prefix."""
@@ -127,6 +137,10 @@ def word_ids(tok: Tokenizer, words: list[str], what: str) -> list[list[int]]:
     return out
 
 
+REPEAT_SALT = 101  # random streams of the repeat sequences, apart from the records'
+REPEAT_MIN = 20  # tokens in a repeated run, at least: beyond the 16-token local window
+
+
 class RecallStream:
     """Index-addressed recall examples (see module doc); `split` picks disjoint random streams."""
 
@@ -164,7 +178,10 @@ class RecallStream:
         return 1 + round((c.min_records - 1) * f), 1 + round((c.max_records - 1) * f)
 
     def example(self, index: int) -> Example:
-        c, rng = self.cfg, rng_for(self.seed, self.split, index)
+        c = self.cfg
+        if c.repeat_prob and self.split == "train" and rng_for(self.seed, "train", index, REPEAT_SALT).random() < c.repeat_prob:
+            return self.repeat(index)
+        rng = rng_for(self.seed, self.split, index)
         lo, hi = self.record_range(index)
         n = int(rng.integers(lo, hi + 1))
         keys = [self.key(i) for i in rng.choice(len(self.words) ** c.key_words, n, replace=False)]
@@ -225,6 +242,22 @@ class RecallStream:
             np.array(labels + [IGNORE] * pad, dtype=np.int64),
             np.array(answer + [-1] * pad, dtype=np.int64),
         )
+
+
+    def repeat(self, index: int) -> Example:
+        """A repeat sequence: <bos>, L random key and name tokens (REPEAT_MIN <= L <= half the sequence), the same
+        L again; each token of the second copy is trained to predict the next (the first one is not predictable)."""
+        rng = rng_for(self.seed, "train", index, REPEAT_SALT + 1)
+        pool = [w[0] for w in self.words + self.values]
+        n = int(rng.integers(REPEAT_MIN, (self.seq_len - len(self.bos)) // 2 + 1))
+        run = [pool[i] for i in rng.integers(0, len(pool), n)]
+        ids = self.bos + run + run
+        labels = [IGNORE] * len(ids)
+        second = len(self.bos) + n  # the second copy's first token
+        labels[second : len(ids) - 1] = ids[second + 1 :]
+        pad = self.seq_len - len(ids)
+        return Example(np.array(ids + [self.pad] * pad, dtype=np.int64),
+                       np.array(labels + [IGNORE] * pad, dtype=np.int64), np.full(self.seq_len, -1, dtype=np.int64))
 
 
 def _logits(out) -> torch.Tensor:

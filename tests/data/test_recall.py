@@ -58,6 +58,34 @@ def test_bad_config():
         RecallConfig(min_records=5, max_records=4)
     with pytest.raises(ConfigError, match="unknown recall option"):
         RecallConfig.from_dict({"recordz": 3})
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ConfigError, match=f"repeat_prob must be in \\[0, 1\\), got {bad}"):
+            RecallConfig(repeat_prob=bad)
+
+
+def test_repeat_sequences_train_the_copy():
+    """With repeat_prob, that share of training sequences is a run of keys and names shown twice, trained on the
+    second copy; the records of every other index are unchanged, and held-out splits never get a repeat."""
+    cfg = RecallConfig(seq_len=96, repeat_prob=0.25)
+    s, plain = RecallStream(TOK, cfg, seed=3), RecallStream(TOK, RecallConfig(seq_len=96), seed=3)
+    vocab = {TOK.token_to_id(w) for w in load_words("animals")[:32] + load_words("names")[:32]}
+    repeats = 0
+    for i in range(400):
+        ex = s.example(i)
+        if (ex.answer_pos >= 0).any():  # a recall sequence: the same as without repeats
+            assert (ex.ids == plain.example(i).ids).all()
+            continue
+        repeats += 1
+        body = ex.ids[1:][ex.ids[1:] != TOK.token_to_id("<pad>")]  # the two copies, then padding
+        n = len(body) // 2
+        assert len(body) == 2 * n and n >= 20 and (body[:n] == body[n:]).all() and set(body.tolist()) <= vocab
+        trained = np.flatnonzero(ex.labels != IGNORE)
+        assert trained.tolist() == list(range(1 + n, 2 * n))  # every second-copy token but the last
+        assert (ex.labels[trained] == ex.ids[trained + 1]).all()
+    assert 70 <= repeats <= 130  # 25% of 400
+    for split in ("val", "probe"):
+        held = RecallStream(TOK, cfg, seed=3, split=split)
+        assert all((held.example(i).answer_pos >= 0).any() for i in range(200))
 
 
 class Oracle(torch.nn.Module):

@@ -162,3 +162,14 @@ def test_models_without_a_paper_name_are_left_out(study_dir, tmp_path):
     f = claims.facts(load_study(root))
     assert "Qwen3-0.6B (HF)" not in f.lookup["prefix"] and W8S8 in f.lookup["prefix"]
     assert len(claims.verdicts(f)) == 10
+
+
+def test_cycling_check_reads_an_undefined_r2_as_not_checkable():
+    """A flat profile has no R² (stored as None): the check says n/a and cannot be decided; no crash."""
+    from types import SimpleNamespace
+
+    from phasekv.report.checks import cycling_checks
+    grid = [{"delta": -1, "r2": None}, {"delta": 1, "r2": 0.91}]
+    study = SimpleNamespace(analyses={"cycle": {"w8s8-1kv": SimpleNamespace(summary={"grid": grid})}}, models={})
+    (check,) = cycling_checks(study)
+    assert check.passed is None and "δ=-1: n/a, δ=+1: 0.91" in check.detail
