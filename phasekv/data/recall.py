@@ -88,6 +88,9 @@ class RecallConfig:
         if self.seq_len < need:
             raise ConfigError(f"recall seq_len={self.seq_len} is too short for min_records={self.min_records} "
                               f"and max_prefix={self.max_prefix} (need >= {need})")
+        if self.repeat_prob and self.seq_len < 1 + 2 * REPEAT_MIN:
+            raise ConfigError(f"recall seq_len={self.seq_len} is too short for repeat sequences (repeat_prob > 0 "
+                              f"needs >= {1 + 2 * REPEAT_MIN})")
 
     @classmethod
     def from_dict(cls, d: dict) -> RecallConfig:
@@ -243,10 +246,10 @@ class RecallStream:
             np.array(answer + [-1] * pad, dtype=np.int64),
         )
 
-
     def repeat(self, index: int) -> Example:
         """A repeat sequence: <bos>, L random key and name tokens (REPEAT_MIN <= L <= half the sequence), the same
-        L again; each token of the second copy is trained to predict the next (the first one is not predictable)."""
+        L again; every token of the second copy but the last is trained to predict the next one (the copy's first
+        token follows the random run, so it is not predictable)."""
         rng = rng_for(self.seed, "train", index, REPEAT_SALT + 1)
         pool = [w[0] for w in self.words + self.values]
         n = int(rng.integers(REPEAT_MIN, (self.seq_len - len(self.bos)) // 2 + 1))

@@ -61,6 +61,8 @@ def test_bad_config():
     for bad in (-0.1, 1.0):
         with pytest.raises(ConfigError, match=f"repeat_prob must be in \\[0, 1\\), got {bad}"):
             RecallConfig(repeat_prob=bad)
+    with pytest.raises(ConfigError, match="too short for repeat sequences"):
+        RecallStream(TOK, RecallConfig(seq_len=40, max_prefix=2, min_records=1, repeat_prob=0.5))
 
 
 def test_repeat_sequences_train_the_copy():
