@@ -39,7 +39,8 @@ def register(app: typer.Typer) -> None:
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
     ) -> None:
         """The whole study on this CPU: every run of the paper's grid (SPEC §3) and its full-attention
-        baselines, trained with the demo's recipe at one backbone; the lookup under both paddings, knockouts,
+        baselines, trained with the demo's recipe plus a quarter of repeat sequences (without them full attention
+        stays at chance at 8 query heads) at one backbone; the lookup under both paddings, knockouts,
         gate statistics, gate cycling for every W = S run, the flip sweep and the theory checks; then
         OUT/report/index.html, whose first section gives a verdict on each of the study's claims C1-C10
         (also OUT/report/claims.json). Resumable: re-running skips finished work."""
