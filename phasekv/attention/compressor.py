@@ -124,13 +124,27 @@ class CompressorBranch(nn.Module, ABC):
         complete window."""
         return self.logits(windows, heads).softmax(dim=2)
 
-    def partial(self, windows: torch.Tensor, present: torch.Tensor | None = None, heads: slice | None = None) -> Partial:
-        """Partials of windows (B, n, W, d) for the KV heads `heads` (all when None); `present` (n, W), or
-        (1 or B, n, W) per sequence, marks the offsets whose tokens are given."""
+    def _masked(self, windows: torch.Tensor, present: torch.Tensor | None,
+                heads: slice | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`project`'s payloads and gate logits, logits -inf at the offsets `present` marks absent."""
         payload, s = self.project(windows, heads)  # (B, n, W, n_kv, d_head), (B, n, W, n_kv, G)
         if present is not None:
             mask = present if present.dim() == 3 else present[None]  # (1 or B, n, W)
             s = s.masked_fill(~mask[:, :, :, None, None], float("-inf"))
+        return payload, s
+
+    def pool(self, windows: torch.Tensor, present: torch.Tensor | None = None,
+             heads: slice | None = None) -> torch.Tensor:
+        """Compressed entries (B, n_kv, n, d_head) of complete windows (B, n, W, d), their softmax over offsets
+        taken in one pass (the training forward: fewer ops than partials); equal to `finalize(partial(...))`,
+        the streaming form that a decode cache fills token by token."""
+        payload, s = self._masked(windows, present, heads)
+        return self._entry((s.softmax(dim=2) * payload).sum(dim=2))  # sum over W of (B, n, W, n_kv, d_head)
+
+    def partial(self, windows: torch.Tensor, present: torch.Tensor | None = None, heads: slice | None = None) -> Partial:
+        """Partials of windows (B, n, W, d) for the KV heads `heads` (all when None); `present` (n, W), or
+        (1 or B, n, W) per sequence, marks the offsets whose tokens are given."""
+        payload, s = self._masked(windows, present, heads)  # (B, n, W, n_kv, d_head), (B, n, W, n_kv, G)
         m = s.amax(dim=2)  # (B, n, n_kv, G)
         m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
         e = (s - m_safe[:, :, None]).exp()  # (B, n, W, n_kv, G), 0 at absent offsets
@@ -153,7 +167,10 @@ class CompressorBranch(nn.Module, ABC):
 
     def finalize(self, p: Partial) -> torch.Tensor:
         """Compressed entries (B, n_kv, n, d_head) from the partials of complete windows."""
-        entry = p.acc / p.z  # (B, n, n_kv, d_head)
+        return self._entry(p.acc / p.z)  # (B, n, n_kv, d_head)
+
+    def _entry(self, entry: torch.Tensor) -> torch.Tensor:
+        """Pooled windows (B, n, n_kv, d_head) -> entries (B, n_kv, n, d_head), post-normed where the variant is."""
         if self.post_norm is not None:
             entry = self.post_norm(entry)
         return entry.transpose(1, 2)
@@ -285,11 +302,11 @@ class Compressor(nn.Module, ABC):
         x, valid = delayed(h, delay)  # (B, T, d), (1 or B, T) or None
         first = g.entry_start(0)
         x = F.pad(x, (0, 0, max(0, -first), 0))[:, max(0, first):]  # position first + i at index i
-        windows = x.unfold(1, self.window, self.stride)[:, :n].transpose(2, 3)  # (B, n, W, d)
+        windows = tile(x, self.window, self.stride, n).transpose(2, 3)  # (B, n, W, d)
         present = None if first >= 0 else g.window_tokens(torch.arange(n, device=h.device)) >= 0  # (n, W)
         if valid is not None:
             valid = F.pad(valid, (max(0, -first), 0))[:, max(0, first):]
-            valid = valid.unfold(1, self.window, self.stride)[:, :n]  # (1 or B, n, W)
+            valid = tile(valid, self.window, self.stride, n)  # (1 or B, n, W)
             present = valid if present is None else valid & present
         return windows, present
 
@@ -318,7 +335,7 @@ class Compressor(nn.Module, ABC):
         for delay, heads in self.head_groups(shift):
             windows, present = self.windows(h, delay)  # (B, n, W, d), (n, W), (1 or B, n, W) or None
             for out, b in zip(raw, self.branches(), strict=True):
-                out.append(b.finalize(b.partial(windows, present, heads)))  # (B, n_kv of the group, n, D)
+                out.append(b.pool(windows, present, heads))  # (B, n_kv of the group, n, D)
         pooled = [r[0] if len(r) == 1 else torch.cat(r, 1) for r in raw]  # (B, n_kv, n, D) each
         return self.entry_kv(pooled, torch.arange(pooled[0].shape[2], device=h.device), k_norm)
 
@@ -389,6 +406,15 @@ def delayed(h: torch.Tensor, delay: int | torch.Tensor) -> tuple[torch.Tensor, t
     src = t[None] - delay.to(h.device)[:, None]  # (B, T) source position of each slot
     x = h.gather(1, src.clamp(min=0)[..., None].expand(-1, -1, h.shape[2]))  # (B, T, d)
     return x, src >= 0
+
+
+def tile(x: torch.Tensor, window: int, stride: int, n: int) -> torch.Tensor:
+    """The first n windows of `window` positions every `stride` along dim 1 of x (B, T, ...): (B, n, ..., window),
+    as `unfold`. Non-overlapping windows (W = S) are a reshape, whose backward is a copy (unfold's scatters)."""
+    if window != stride:
+        return x.unfold(1, window, stride)[:, :n]
+    y = x[:, : n * window].unflatten(1, (n, window))  # (B, n, W, ...)
+    return y.movedim(2, -1)
 
 
 def layer_grid(cfg: ModelConfig, layer: int) -> Grid:

@@ -1,0 +1,67 @@
+"""The compressor's training forward (`CompressorBranch.pool` over `tile`d windows) against the paper's formula
+written as a loop, and against the streaming partials that decode uses."""
+
+import pytest
+import torch
+
+from phasekv.attention.compressor import layer_grid, layer_rope, make_compressor, tile
+from phasekv.config import ModelConfig
+
+from .variants import REPAIR_VARIANTS, V4_VARIANTS
+
+
+@pytest.mark.parametrize("W,S", [(8, 8), (8, 4), (6, 4), (3, 3)])
+def test_tile_is_unfold(W, S):
+    x = torch.randn(2, 29, 5)
+    n = (29 - W) // S + 1
+    assert torch.equal(tile(x, W, S, n), x.unfold(1, W, S)[:, :n])
+    mask = torch.rand(1, 29) > 0.3
+    assert torch.equal(tile(mask, W, S, n), mask.unfold(1, W, S)[:, :n])
+
+
+def compressor_of(name: str, seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = ModelConfig.from_name(name, preset="tiny")
+    comp = make_compressor(cfg, layer_grid(cfg, 0), layer_rope(cfg))
+    for p in comp.parameters():  # gate biases start at zero: make every term matter
+        torch.nn.init.normal_(p, std=0.3)
+    return cfg, comp
+
+
+@pytest.mark.parametrize("name", ["W8/S8 · 1 KV", "W8/S4 · 2 KV · vector gates", "W8/S8 · 1 KV · uniform averaging",
+                                  "W6/S6 · 1 KV · tied K/V · post-norm"])
+def test_pool_is_the_papers_formula(name):
+    """K^_j = sum_i softmax_i(Z_i h_{j,i} + b_i) * C_i h_{j,i}, per window j and KV head, looped."""
+    cfg, comp = compressor_of(name)
+    h = torch.randn(2, 37, cfg.d_model)
+    windows, present = comp.windows(h)  # (B, n, W, d)
+    assert present is None
+    for b in comp.branches():
+        payload, gate, bias = b.offset_params()  # (W, n_kv, D, d), (W, n_kv, G, d) or None, (W, n_kv, G) or None
+        got = b.pool(windows)  # (B, n_kv, n, D)
+        B, n, W, _ = windows.shape
+        want = torch.empty_like(got)
+        for j in range(n):
+            for k in range(cfg.n_kv_heads):
+                x = windows[:, j]  # (B, W, d)
+                c = torch.stack([x[:, i] @ payload[i, k].T for i in range(W)], 1)  # (B, W, D)
+                s = (torch.zeros(B, W, 1) if gate is None else
+                     torch.stack([x[:, i] @ gate[i, k].T + (0 if bias is None else bias[i, k]) for i in range(W)], 1))
+                pooled = (s.softmax(1) * c).sum(1)  # (B, D)
+                want[:, k, j] = pooled if b.post_norm is None else b.post_norm(pooled)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["W8/S8 · 1 KV", "W8/S4 · 2 KV · vector gates", *V4_VARIANTS, *REPAIR_VARIANTS])
+def test_pool_equals_streaming_partials(name):
+    """One-pass softmax (training) = the partials a decode cache merges token by token, with absent offsets
+    (windows reaching before position 0, staggered heads, per-sequence grid jitter)."""
+    cfg, comp = compressor_of(name, seed=1)
+    h = torch.randn(3, 41, cfg.d_model)
+    for shift in (None, torch.tensor([0, 1, 3])):
+        for delay, heads in comp.head_groups(shift):
+            windows, present = comp.windows(h, delay)
+            for b in comp.branches():
+                torch.testing.assert_close(b.pool(windows, present, heads),  # a window with no token: NaN in both
+                                           b.finalize(b.partial(windows, present, heads)), atol=1e-5, rtol=1e-5,
+                                           equal_nan=True)
