@@ -66,6 +66,8 @@ class RecallConfig:
     #                           (a previous-token head feeding a matching head) that recall needs. Without it full
     #                           attention at 8 query heads stayed at chance (18.7% at 1,600 steps, seed 42); with
     #                           0.25 it reached 99.9% (seed 42) and 100% (43) by 1,000 (measured, README)
+    repeat_until: int = 0  # only training examples before this index may be repeats (0 = all): a copy warm-up
+    #                        that leaves the rest of training to recall (in examples, as `curriculum`)
     min_distance: int = 16  # a query is at least this many tokens after its record's key, i.e. beyond the
     #                         default local window of 16 exact tokens: answers must come from compressed memory
 
@@ -76,9 +78,10 @@ class RecallConfig:
             raise ConfigError(f"recall words must be one of {', '.join(WORD_SOURCES)}, got {self.words!r}")
         if self.key_words not in (1, 2):
             raise ConfigError(f"recall key_words must be 1 or 2, got {self.key_words}")
-        if self.max_prefix < 1 or self.max_gap < 1 or not 0 <= self.gap_prob <= 1 or min(self.min_distance, self.curriculum) < 0:
-            raise ConfigError("recall: max_prefix and max_gap must be >= 1, min_distance and curriculum >= 0, "
-                              "gap_prob in [0, 1]")
+        if (self.max_prefix < 1 or self.max_gap < 1 or not 0 <= self.gap_prob <= 1
+                or min(self.min_distance, self.curriculum, self.repeat_until) < 0):
+            raise ConfigError("recall: max_prefix and max_gap must be >= 1, min_distance, curriculum and repeat_until "
+                              ">= 0, gap_prob in [0, 1]")
         if not 0 <= self.repeat_prob < 1:
             raise ConfigError(f"recall repeat_prob must be in [0, 1), got {self.repeat_prob}")
 
@@ -182,7 +185,7 @@ class RecallStream:
 
     def example(self, index: int) -> Example:
         c = self.cfg
-        if c.repeat_prob and self.split == "train" and rng_for(self.seed, "train", index, REPEAT_SALT).random() < c.repeat_prob:
+        if self.is_repeat(index):
             return self.repeat(index)
         rng = rng_for(self.seed, self.split, index)
         lo, hi = self.record_range(index)
@@ -245,6 +248,14 @@ class RecallStream:
             np.array(labels + [IGNORE] * pad, dtype=np.int64),
             np.array(answer + [-1] * pad, dtype=np.int64),
         )
+
+    def is_repeat(self, index: int) -> bool:
+        """Whether training example `index` is a repeat sequence (its own random stream decides, so every other
+        index's records are those of a run without repeats)."""
+        c = self.cfg
+        if not c.repeat_prob or self.split != "train" or (c.repeat_until and index >= c.repeat_until):
+            return False
+        return rng_for(self.seed, "train", index, REPEAT_SALT).random() < c.repeat_prob
 
     def repeat(self, index: int) -> Example:
         """A repeat sequence: <bos>, L random key and name tokens (REPEAT_MIN <= L <= half the sequence), the same

@@ -160,3 +160,19 @@ def test_two_word_keys():
         assert len(pairs) == len(set(pairs))  # distinct keys within a sequence
     with pytest.raises(ConfigError, match="key_words"):
         RecallConfig(key_words=3)
+
+
+def test_repeat_until_limits_repeats_to_a_warm_up():
+    """With repeat_until, examples from that index on are recall sequences, those of a run without repeats; the
+    earlier ones are exactly those of a run with repeats throughout."""
+    warm = RecallStream(TOK, RecallConfig(seq_len=96, repeat_prob=0.25, repeat_until=40))
+    always = RecallStream(TOK, RecallConfig(seq_len=96, repeat_prob=0.25))
+    never = RecallStream(TOK, RecallConfig(seq_len=96))
+    assert any(warm.is_repeat(i) for i in range(40)) and not any(warm.is_repeat(i) for i in range(40, 200))
+    for i in range(120):
+        ref = always if i < 40 else never
+        assert np.array_equal(warm.example(i).ids, ref.example(i).ids)
+        assert np.array_equal(warm.example(i).labels, ref.example(i).labels)
+    with pytest.raises(ConfigError, match="repeat_until >= 0"):
+        RecallConfig(repeat_until=-1)
+
