@@ -175,4 +175,3 @@ def test_repeat_until_limits_repeats_to_a_warm_up():
         assert np.array_equal(warm.example(i).labels, ref.example(i).labels)
     with pytest.raises(ConfigError, match="repeat_until >= 0"):
         RecallConfig(repeat_until=-1)
-
