@@ -9,6 +9,7 @@ PHASEKV_PROGRESS_INTERVAL environment variable) and one when the task completes:
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -96,6 +97,7 @@ class Progress:
         if not disable and self.console.is_terminal:
             self.bar = RichProgress(*(columns or COLUMNS), console=self.console, **rich_options)
         self.tasks: dict[int, _Task] = {}
+        self._ids = itertools.count()  # never reused: a removed task's id must not alias a live one
         self._lock, self._stop = threading.Lock(), threading.Event()
         self._ticker: threading.Thread | None = None
 
@@ -124,7 +126,7 @@ class Progress:
         if self.bar is not None:
             return self.bar.add_task(description, total=total, completed=completed, **fields)
         with self._lock:
-            task = len(self.tasks)
+            task = next(self._ids)
             self.tasks[task] = _Task(description, total, completed, fields, estimate=estimate)
         return task
 

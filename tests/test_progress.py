@@ -34,6 +34,19 @@ def test_periodic_lines_off_a_terminal():
     assert "left" in out.getvalue()  # an estimate once a rate is known
 
 
+def test_a_new_task_after_a_removed_one_keeps_its_own_line():
+    """Tasks come and go (the demo's workers): a new task never takes a live task's id and its progress."""
+    console, out = plain_console()
+    with Progress(console=console, interval=60) as bar:
+        bar.add_task("demo tasks", total=3, estimate=False)
+        first, second = bar.add_task("train a", total=10), bar.add_task("train b", total=10)
+        bar.remove_task(first)
+        third = bar.add_task("train c", total=10)
+        assert third not in (first, second)
+        bar.update(second, completed=10)  # b's completion line, under b's name
+    assert LINE.findall(out.getvalue()) == [("train b", "10", "10")], out.getvalue()
+
+
 def test_lines_while_nothing_advances():
     """A long step (no advance for a while) still shows the stage is alive."""
     console, out = plain_console()
