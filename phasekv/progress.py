@@ -48,7 +48,8 @@ def interval_from_env() -> float:
     return value
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """'45s', '3m05s', '2h10m'."""
     s = int(seconds)
     return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
@@ -75,10 +76,10 @@ class _Task:
         parts = [f"progress: {Text.from_markup(self.description).plain} {done}"]
         if self.total:
             parts[0] += f" ({100 * self.completed / self.total:.0f}%)"
-        parts.append(f"{_duration(elapsed)} elapsed")
+        parts.append(f"{duration(elapsed)} elapsed")
         rate = (self.completed - self.first) / elapsed if elapsed > 0 else 0.0
         if self.estimate and self.total and self.completed < self.total:
-            parts.append(f"~{_duration((self.total - self.completed) / rate)} left" if rate > 0 else "estimate pending")
+            parts.append(f"~{duration((self.total - self.completed) / rate)} left" if rate > 0 else "estimate pending")
         parts += [str(v) for v in self.fields.values() if str(v)]
         return " · ".join(parts)
 

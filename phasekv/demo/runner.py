@@ -10,6 +10,7 @@ thread each; the longest ones are submitted first.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -32,7 +33,7 @@ from phasekv.demo.plan import STUDY_PRESET, DemoPlan, plan_for, study_plan
 from phasekv.errors import ConfigError, PhaseKVError
 from phasekv.eval.protocols import LOOKUP, PROTOCOLS
 from phasekv.io import write_json
-from phasekv.progress import Progress
+from phasekv.progress import Progress, duration
 from phasekv.report.layout import THEORY_CHECKS, Layout, done
 from phasekv.report.render import render_report
 
@@ -50,6 +51,7 @@ class Task:
 
 
 _WORKER_STARTED = False
+ESTIMATE_EVERY = 30.0  # seconds between re-estimates of the time left (and at every finished task)
 
 
 def _timed(fn: Callable, kwargs: dict) -> tuple[object, float]:
@@ -90,6 +92,42 @@ def makespan(tasks: list[Task], cost: dict[str, float], jobs: int) -> float:
         now = max(now, end)
         finished[name] = end
     return now
+
+
+def _units(t: Task) -> float:
+    """A task's work in its kind's unit: a training's steps, one for any other task."""
+    return float(t.steps()[1]) if t.steps else 1.0
+
+
+def time_left(tasks: list[Task], cpu: dict[str, float], done_share: dict[str, float],
+              jobs: int) -> tuple[float, list[str]]:
+    """Wall-clock seconds the unfinished tasks still take on `jobs` workers (`makespan` of their schedule), each
+    priced at its kind's CPU per unit (`_units`) over the finished tasks `cpu` of that kind, a running task at the
+    share of it not yet done (`done_share`); and the kinds no finished task prices yet (counted as free)."""
+    per_kind: dict[str, list[float]] = {}  # stage function -> [CPU seconds, units] of finished tasks
+    for t in tasks:
+        if t.name in cpu:
+            c_u = per_kind.setdefault(t.fn.__name__, [0.0, 0.0])
+            c_u[0] += cpu[t.name]
+            c_u[1] += _units(t)
+    left, cost, untimed = [], {}, set()
+    for t in (t for t in tasks if t.name not in cpu):
+        c, u = per_kind.get(t.fn.__name__, (0.0, 0.0))
+        if u:
+            cost[t.name] = c / u * _units(t) * (1.0 - done_share.get(t.name, 0.0))
+        else:
+            untimed.add(t.fn.__name__)
+        left.append(dataclasses.replace(t, after=[d for d in t.after if d not in cpu]))
+    return makespan(left, cost, jobs), sorted(untimed)
+
+
+def _left_text(tasks: list[Task], cpu: dict[str, float], done_share: dict[str, float], jobs: int) -> str:
+    """The overall line's estimate: '~2h10m left', or '≥ ~2h10m left (not yet timed: knockout, retrieval)'."""
+    if not cpu:
+        return "estimate after the first task"
+    seconds, untimed = time_left(tasks, cpu, done_share, jobs)
+    return f"~{duration(seconds)} left" if not untimed else \
+        f"≥ ~{duration(seconds)} left (not yet timed: {', '.join(untimed)})"
 
 
 def _last_step(run_dir: Path) -> int:
@@ -184,20 +222,26 @@ def _write_manifest(root: Path, manifest: dict) -> None:
 
 
 def run_tasks(tasks: list[Task], jobs: int, progress: bool,
-              record: Callable[[str, float, float], None], label: str = "demo") -> dict[str, str]:
-    """Run every unfinished task once its dependencies are done; returns {task: error} of failed tasks."""
+              record: Callable[[str, float, float], None], label: str = "demo",
+              cpu: dict[str, float] | None = None) -> dict[str, str]:
+    """Run every unfinished task once its dependencies are done; returns {task: error} of failed tasks. The
+    overall line estimates the time left from finished tasks' CPU seconds (`cpu`: earlier runs', then this one's)."""
     finished = {t.name for t in tasks if t.is_done()}
+    costs = {k: v for k, v in (cpu or {}).items() if k in finished}
+    shown = 0.0  # when the estimate was last computed
     failed: dict[str, str] = {}
     todo = [t for t in tasks if t.name not in finished]
     if finished:
         console.print(f"[dim]resuming: {len(finished)} of {len(tasks)} tasks already done, skipped[/]")
-    cols = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    cols = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[left]}")]
     running: dict[Future, tuple[Task, int, float]] = {}
     with Progress(*cols, console=console, disable=not progress, refresh_per_second=2) as bar, \
             ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
         # tasks differ in cost by 100x (a training against a gate statistic): their count gives no estimate of
         # the time left; each running task's own line does
-        overall = bar.add_task(f"[bold]{label} tasks", total=len(tasks), completed=len(finished), estimate=False)
+        overall = bar.add_task(f"[bold]{label} tasks", total=len(tasks), completed=len(finished), estimate=False,
+                               left="")
         while todo or running:
             blocked = {t.name for t in todo if any(d in failed for d in t.after)}
             for name in blocked:
@@ -208,7 +252,7 @@ def run_tasks(tasks: list[Task], jobs: int, progress: bool,
                 t = ready.pop(0)
                 todo.remove(t)
                 total = t.steps()[1] if t.steps else 1
-                row = bar.add_task(t.name, total=total)
+                row = bar.add_task(t.name, total=total, left="")
                 running[pool.submit(_timed, t.fn, t.kwargs)] = (t, row, time.time())
             if not running:
                 break
@@ -218,19 +262,26 @@ def run_tasks(tasks: list[Task], jobs: int, progress: bool,
                 bar.remove_task(row)
                 secs = time.time() - t0
                 try:
-                    result, cpu = fut.result()
-                    cpu = _full_cost(result, cpu)
+                    result, cpu_s = fut.result()
+                    cpu_s = _full_cost(result, cpu_s)
                 except Exception as exc:  # a failed task is reported; independent tasks continue
                     failed[t.name] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
                     console.print(f"[red]✗ {t.name}[/] ({secs:.0f} s): {failed[t.name]}")
                     continue
                 finished.add(t.name)
-                record(t.name, secs, cpu)
+                record(t.name, secs, cpu_s)
+                costs[t.name] = cpu_s
                 bar.advance(overall)
-                console.print(f"[green]✓[/] {t.name} [dim]({secs:.0f} s wall, {cpu:.0f} s CPU)[/]")
+                console.print(f"[green]✓[/] {t.name} [dim]({secs:.0f} s wall, {cpu_s:.0f} s CPU)[/]")
+            share = {}  # running trainings' done share
             for t, row, _ in running.values():
                 if t.steps:
-                    bar.update(row, completed=min(t.steps()[0], t.steps()[1]))
+                    n, total = t.steps()
+                    bar.update(row, completed=min(n, total))
+                    share[t.name] = min(n, total) / max(total, 1)
+            if done_now or time.time() - shown >= ESTIMATE_EVERY:
+                shown = time.time()
+                bar.update(overall, left=_left_text([t for t in tasks if t.name not in failed], costs, share, jobs))
     return failed
 
 
@@ -305,7 +356,8 @@ def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool) ->
         ran.append(name)
         _write_manifest(root, {**manifest, "tasks": timings})
 
-    failed = run_tasks(tasks, jobs, progress, record, plan.kind)
+    failed = run_tasks(tasks, jobs, progress, record, plan.kind,
+                       cpu={k: v["cpu_s"] for k, v in timings.items() if isinstance(v, dict)})
 
     def finish(wall: float) -> None:
         if ran or not manifest.get("invocations"):

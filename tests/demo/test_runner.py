@@ -105,6 +105,33 @@ def test_makespan_replays_the_schedule():
     assert makespan(tasks, cost, jobs=1) == 22.0
 
 
+def test_time_left_prices_unfinished_tasks_by_their_kind():
+    """Each unfinished task costs its kind's CPU per unit among the finished ones (a training's unit: a step), a
+    running one only its share not yet done; a kind with no finished task is named, not guessed."""
+    from phasekv.demo.runner import time_left
+
+    noop = lambda: False  # noqa: E731
+    steps = lambda done, total: lambda: (done, total)  # noqa: E731
+    tasks = [Task("train a", _sleep, {}, noop, steps=steps(1000, 1000)),
+             Task("train b", _sleep, {}, noop, steps=steps(500, 1000)),
+             Task("train c", _sleep, {}, noop, steps=steps(0, 2000)),
+             Task("look a", _touch, {}, noop, after=["train a"]), Task("look c", _touch, {}, noop, after=["train c"])]
+    # 0.1 s per step: b has 50 s left, c 200 s; the lookups are not yet timed (free); two workers: c ends at 200
+    assert time_left(tasks, {"train a": 100.0}, {"train b": 0.5}, jobs=2) == (200.0, ["_touch"])
+    assert time_left(tasks, {"train a": 100.0}, {"train b": 0.5}, jobs=1) == (250.0, ["_touch"])
+    assert time_left(tasks, {"train a": 100.0, "look a": 4.0}, {"train b": 0.5}, jobs=1) == (254.0, [])
+
+
+def test_overall_line_estimates_the_time_left(monkeypatch, capsys):
+    """Off a terminal the overall line carries an estimate once a task has finished."""
+    monkeypatch.setenv(INTERVAL_ENV, "0.2")
+    tasks = [Task(name, _sleep, {"seconds": 0.6}, lambda: False) for name in ("first", "second")]
+    assert not run_tasks(tasks, jobs=1, progress=True, record=lambda *a: None)
+    out = capsys.readouterr().out
+    assert re.search(r"^progress: demo tasks 0/2 \(0%\) · \S+ elapsed · estimate after the first task", out, re.M), out
+    assert re.search(r"^progress: demo tasks 1/2 \(50%\) · \S+ elapsed · ~\S+ left$", out, re.M), out
+
+
 def test_second_demo_on_same_dir_is_refused(tmp_path):
     import os
 
