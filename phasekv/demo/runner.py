@@ -99,33 +99,35 @@ def _units(t: Task) -> float:
     return float(t.steps()[1]) if t.steps else 1.0
 
 
-def time_left(tasks: list[Task], cpu: dict[str, float], done_share: dict[str, float],
+def time_left(tasks: list[Task], took: dict[str, float], done_share: dict[str, float],
               jobs: int) -> tuple[float, list[str]]:
     """Wall-clock seconds the unfinished tasks still take on `jobs` workers (`makespan` of their schedule), each
-    priced at its kind's CPU per unit (`_units`) over the finished tasks `cpu` of that kind, a running task at the
-    share of it not yet done (`done_share`); and the kinds no finished task prices yet (counted as free)."""
-    per_kind: dict[str, list[float]] = {}  # stage function -> [CPU seconds, units] of finished tasks
+    priced at its kind's seconds per unit (`_units`) over the finished tasks `took` of that kind, a running task at
+    the share of it not yet done (`done_share`); and the kinds no finished task prices yet (counted as free)."""
+    per_kind: dict[str, list[float]] = {}  # stage function -> [seconds, units] of finished tasks
     for t in tasks:
-        if t.name in cpu:
+        if t.name in took:
             c_u = per_kind.setdefault(t.fn.__name__, [0.0, 0.0])
-            c_u[0] += cpu[t.name]
+            c_u[0] += took[t.name]
             c_u[1] += _units(t)
     left, cost, untimed = [], {}, set()
-    for t in (t for t in tasks if t.name not in cpu):
+    for t in (t for t in tasks if t.name not in took):
         c, u = per_kind.get(t.fn.__name__, (0.0, 0.0))
         if u:
             cost[t.name] = c / u * _units(t) * (1.0 - done_share.get(t.name, 0.0))
         else:
             untimed.add(t.fn.__name__)
-        left.append(dataclasses.replace(t, after=[d for d in t.after if d not in cpu]))
+        left.append(dataclasses.replace(t, after=[d for d in t.after if d not in took]))
     return makespan(left, cost, jobs), sorted(untimed)
 
 
-def _left_text(tasks: list[Task], cpu: dict[str, float], done_share: dict[str, float], jobs: int) -> str:
+def _left_text(tasks: list[Task], took: dict[str, float], done_share: dict[str, float], jobs: int) -> str:
     """The overall line's estimate: '~2h10m left', or '≥ ~2h10m left (not yet timed: knockout, retrieval)'."""
-    if not cpu:
+    if all(t.name in took for t in tasks):
+        return ""
+    if not took:
         return "estimate after the first task"
-    seconds, untimed = time_left(tasks, cpu, done_share, jobs)
+    seconds, untimed = time_left(tasks, took, done_share, jobs)
     return f"~{duration(seconds)} left" if not untimed else \
         f"≥ ~{duration(seconds)} left (not yet timed: {', '.join(untimed)})"
 
@@ -223,11 +225,12 @@ def _write_manifest(root: Path, manifest: dict) -> None:
 
 def run_tasks(tasks: list[Task], jobs: int, progress: bool,
               record: Callable[[str, float, float], None], label: str = "demo",
-              cpu: dict[str, float] | None = None) -> dict[str, str]:
+              took: dict[str, float] | None = None) -> dict[str, str]:
     """Run every unfinished task once its dependencies are done; returns {task: error} of failed tasks. The
-    overall line estimates the time left from finished tasks' CPU seconds (`cpu`: earlier runs', then this one's)."""
+    overall line estimates the time left from finished tasks' wall-clock seconds (`took`: earlier runs', then this
+    one's; wall, not CPU: it is what a busy or slow machine gives)."""
     finished = {t.name for t in tasks if t.is_done()}
-    costs = {k: v for k, v in (cpu or {}).items() if k in finished}
+    took = {k: v for k, v in (took or {}).items() if k in finished}
     shown = 0.0  # when the estimate was last computed
     failed: dict[str, str] = {}
     todo = [t for t in tasks if t.name not in finished]
@@ -239,7 +242,7 @@ def run_tasks(tasks: list[Task], jobs: int, progress: bool,
     with Progress(*cols, console=console, disable=not progress, refresh_per_second=2) as bar, \
             ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
         # tasks differ in cost by 100x (a training against a gate statistic): their count gives no estimate of
-        # the time left; each running task's own line does
+        # the time left; the `left` field prices them by kind (`time_left`), each running task's own line by rate
         overall = bar.add_task(f"[bold]{label} tasks", total=len(tasks), completed=len(finished), estimate=False,
                                left="")
         while todo or running:
@@ -270,7 +273,9 @@ def run_tasks(tasks: list[Task], jobs: int, progress: bool,
                     continue
                 finished.add(t.name)
                 record(t.name, secs, cpu_s)
-                costs[t.name] = cpu_s
+                took[t.name] = secs
+                if len(finished) == len(tasks):
+                    bar.update(overall, left="")  # the completion line carries no estimate
                 bar.advance(overall)
                 console.print(f"[green]✓[/] {t.name} [dim]({secs:.0f} s wall, {cpu_s:.0f} s CPU)[/]")
             share = {}  # running trainings' done share
@@ -281,7 +286,7 @@ def run_tasks(tasks: list[Task], jobs: int, progress: bool,
                     share[t.name] = min(n, total) / max(total, 1)
             if done_now or time.time() - shown >= ESTIMATE_EVERY:
                 shown = time.time()
-                bar.update(overall, left=_left_text([t for t in tasks if t.name not in failed], costs, share, jobs))
+                bar.update(overall, left=_left_text([t for t in tasks if t.name not in failed], took, share, jobs))
     return failed
 
 
@@ -357,7 +362,7 @@ def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool) ->
         _write_manifest(root, {**manifest, "tasks": timings})
 
     failed = run_tasks(tasks, jobs, progress, record, plan.kind,
-                       cpu={k: v["cpu_s"] for k, v in timings.items() if isinstance(v, dict)})
+                       took={k: v["wall_s"] for k, v in timings.items() if isinstance(v, dict)})
 
     def finish(wall: float) -> None:
         if ran or not manifest.get("invocations"):

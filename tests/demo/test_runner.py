@@ -106,7 +106,7 @@ def test_makespan_replays_the_schedule():
 
 
 def test_time_left_prices_unfinished_tasks_by_their_kind():
-    """Each unfinished task costs its kind's CPU per unit among the finished ones (a training's unit: a step), a
+    """Each unfinished task costs its kind's seconds per unit among the finished ones (a training's unit: a step), a
     running one only its share not yet done; a kind with no finished task is named, not guessed."""
     from phasekv.demo.runner import time_left
 
@@ -130,6 +130,7 @@ def test_overall_line_estimates_the_time_left(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert re.search(r"^progress: demo tasks 0/2 \(0%\) · \S+ elapsed · estimate after the first task", out, re.M), out
     assert re.search(r"^progress: demo tasks 1/2 \(50%\) · \S+ elapsed · ~\S+ left$", out, re.M), out
+    assert re.search(r"^progress: demo tasks 2/2 \(100%\) · \S+ elapsed$", out, re.M), out  # done: no estimate
 
 
 def test_second_demo_on_same_dir_is_refused(tmp_path):
