@@ -65,12 +65,12 @@ def _timed(fn: Callable, kwargs: dict) -> tuple[object, float]:
     return result, time.process_time() - c0
 
 
-def _full_cost(result, cpu: float) -> float:
+def _full_cost(result, seconds: float) -> float:
     """A training run resumed at step k did only (n - k) of its n steps here: price the whole run."""
     if isinstance(result, dict) and result.get("resumed_from") and result.get("steps"):
         done = result["steps"] - result["resumed_from"]
-        return cpu * result["steps"] / max(done, 1)
-    return cpu
+        return seconds * result["steps"] / max(done, 1)
+    return seconds
 
 
 def makespan(tasks: list[Task], cost: dict[str, float], jobs: int) -> float:
@@ -265,19 +265,19 @@ def run_tasks(tasks: list[Task], jobs: int, progress: bool,
                 bar.remove_task(row)
                 secs = time.time() - t0
                 try:
-                    result, cpu_s = fut.result()
-                    cpu_s = _full_cost(result, cpu_s)
+                    result, cpu = fut.result()
+                    cpu = _full_cost(result, cpu)
                 except Exception as exc:  # a failed task is reported; independent tasks continue
                     failed[t.name] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
                     console.print(f"[red]✗ {t.name}[/] ({secs:.0f} s): {failed[t.name]}")
                     continue
                 finished.add(t.name)
-                record(t.name, secs, cpu_s)
-                took[t.name] = secs
+                record(t.name, secs, cpu)
+                took[t.name] = _full_cost(result, secs)  # a resumed training: its whole run
                 if len(finished) == len(tasks):
                     bar.update(overall, left="")  # the completion line carries no estimate
                 bar.advance(overall)
-                console.print(f"[green]✓[/] {t.name} [dim]({secs:.0f} s wall, {cpu_s:.0f} s CPU)[/]")
+                console.print(f"[green]✓[/] {t.name} [dim]({secs:.0f} s wall, {cpu:.0f} s CPU)[/]")
             share = {}  # running trainings' done share
             for t, row, _ in running.values():
                 if t.steps:
