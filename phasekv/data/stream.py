@@ -56,6 +56,25 @@ def collate(examples: Sequence[Example]) -> dict[str, torch.Tensor]:
     return out
 
 
+def length(e: Example) -> int:
+    """Tokens up to and including an example's last target (1 if it has none): the rest is padding."""
+    targets = np.flatnonzero(e.labels != IGNORE)
+    return int(targets[-1]) + 1 if targets.size else 1
+
+
+def by_length(examples: Sequence[Example], n: int) -> list[dict[str, torch.Tensor]]:
+    """`examples` in `n` collated micro-batches of similar length, shortest first, each cut after its longest
+    example's last target: a causal model gives every target the same logits as in one batch, over less padding."""
+    order = sorted(range(len(examples)), key=lambda i: length(examples[i]))  # (N,) stable: ties keep index order
+    size = -(-len(examples) // n)
+    out = []
+    for a in range(0, len(order), size):
+        group = [examples[i] for i in order[a : a + size]]
+        cut = max(length(e) for e in group)
+        out.append({k: v[:, :cut] for k, v in collate(group).items()})  # (b, cut) each
+    return out
+
+
 def batch(stream: Stream, start: int, n: int) -> dict[str, torch.Tensor]:
     """Examples `start .. start+n-1` of a stream, collated."""
     return collate([stream.example(i) for i in range(start, start + n)])

@@ -33,6 +33,8 @@ class TrainConfig:
     tokens: int = 0  # alternative to `steps`: total training tokens (rounded up to whole steps)
     batch_size: int = 64  # sequences per optimizer step, over all ranks and accumulation micro-steps
     grad_accum: int = 1  # micro-steps per optimizer step
+    trim: bool = False  # sort each step's examples by length into its grad_accum micro-batches and cut each after
+    #                     its last target: the same gradient (the model is causal) over less padding
     seq_len: int = 96  # tokens per sequence
     # --- optimizer (AdamW, linear warmup then cosine to min_lr) ---
     lr: float = 3e-3  # peak learning rate

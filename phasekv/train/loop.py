@@ -21,7 +21,7 @@ from torch import nn
 
 from phasekv.data.recall import RecallStream, recall_accuracy
 from phasekv.data.sources import build_stream
-from phasekv.data.stream import IGNORE, MixtureStream, batch
+from phasekv.data.stream import IGNORE, MixtureStream, batch, by_length
 from phasekv.data.tokenizer import describe, save_tokenizer
 from phasekv.errors import ConfigError, PhaseKVError
 from phasekv.io import write_json
@@ -151,19 +151,17 @@ class Trainer:
         lr = cfg.lr_at(self.step)
         for g in self.opt.param_groups:
             g["lr"] = lr
-        base, per_rank = self.step * cfg.batch_size, self.micro // dist.world
-        micro_batches = [batch(self.train_stream, base + a * self.micro + dist.rank * per_rank, per_rank)
-                         for a in range(cfg.grad_accum)]
+        micro_batches = self._micro_batches()
         n_tgt = dist.all_sum(torch.tensor(float(sum(int((b["labels"] != IGNORE).sum()) for b in micro_batches))))
         n_tgt = n_tgt.clamp(min=1).to(device)
         step_loss, step_reg = torch.zeros((), device=device), 0.0
         for a, b in enumerate(micro_batches):
-            with no_sync(self.wrapped, cfg, dist, a == cfg.grad_accum - 1):
+            with no_sync(self.wrapped, cfg, dist, a == len(micro_batches) - 1):
                 ls = loss_sum(self.wrapped, b["input_ids"].to(device), b["labels"].to(device), self.autocast,
                               self.run_model.hf)
                 loss = ls * dist.world / n_tgt
                 if self.coverage is not None:
-                    reg = self.coverage.pop() / cfg.grad_accum
+                    reg = self.coverage.pop() / len(micro_batches)
                     loss, step_reg = loss + self.run_model.coverage_reg * reg.to(device), step_reg + float(reg.detach())
                 loss.backward()
             step_loss += ls.detach() / n_tgt
@@ -177,6 +175,16 @@ class Trainer:
         self.step += 1
         return {"step": self.step, "loss": self.loss, "lr": lr, "grad_norm": gnorm,
                 **({"coverage_penalty": step_reg} if self.coverage is not None else {})}
+
+    def _micro_batches(self) -> list[dict]:
+        """This rank's share of the step's global batch as `grad_accum` micro-batches: in index order, or with
+        `trim` sorted by length and cut after their last target (`by_length`)."""
+        cfg, dist = self.cfg, self.dist
+        base, per_rank = self.step * cfg.batch_size, self.micro // dist.world
+        starts = [base + a * self.micro + dist.rank * per_rank for a in range(cfg.grad_accum)]
+        if not cfg.trim:
+            return [batch(self.train_stream, s, per_rank) for s in starts]
+        return by_length([self.train_stream.example(i) for s in starts for i in range(s, s + per_rank)], cfg.grad_accum)
 
     def _diverged(self, gnorm: float):
         last = ck.latest_checkpoint(self.out)
