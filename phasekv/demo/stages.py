@@ -45,6 +45,7 @@ def train_model(plan: dict, arch: str, run_dir: str) -> dict:
     if not resume and Path(run_dir).exists():
         shutil.rmtree(run_dir)
     cfg = TrainConfig(arch=arch, preset=p.preset, **p.training_of(arch), seq_len=p.seq_len, warmup=p.warmup,
+                      grad_accum=p.micro_batches, trim=p.micro_batches > 1,
                       ckpt_every=p.ckpt_every, val_every=0, out=run_dir, threads=1, progress=False, data={"data": "recall", "recall": {**p.recall_of(arch), "seq_len": p.seq_len}})
     start = read_trainer_state(last)["step"] if resume else 0
     return {**train(cfg, resume=resume), "resumed_from": start}
