@@ -89,21 +89,26 @@ def step_ratio(argv: list[str] | None = None) -> None:
     p = add_common_args(argparse.ArgumentParser())
     p.add_argument("--context", type=int, default=32768)
     p.add_argument("--reps", type=int, default=60)
+    p.add_argument("--burst", type=int, default=4, help="consecutive steps per turn, all but the first timed (a "
+                   "decoding model runs its steps back to back; 1: single alternating steps, which charge the "
+                   "smaller working set for refilling the cache)")
     args = p.parse_args(argv)
     device, dtype = setup(args)
     header(f"decode step ratio: one attention layer at {args.context} tokens, batch 1, preset tiny", args,
-           f"medians of {args.reps} interleaved single-token steps and the best one (no preemption); 'reference' = "
-           "the chunk path the fast step is tested against (before the fast step existed, every step took it)")
+           f"medians of {args.reps} interleaved turns of {args.burst} consecutive single-token step(s) per contender"
+           + (" (the first of a turn untimed)" if args.burst > 1 else "") + ", and the best step (no preemption); "
+           "'reference' = the chunk path the fast step is tested against (before the fast step existed, every step "
+           "took it)")
     torch.manual_seed(0)
     steps = {}
     for name in ("full-1kv", "w8s8-1kv"):
-        cfg = ModelConfig.from_name(name, preset="tiny", max_seq_len=args.context + 8 * args.reps + 64)
+        cfg = ModelConfig.from_name(name, preset="tiny", max_seq_len=args.context + (4 + args.burst) * 2 * args.reps + 64)
         model = PhaseLM(cfg).to(device=device, dtype=dtype).eval()
         for path in ("fast", "reference"):
             s = Stepper(model, synthetic_cache(model, 1, args.context, device, dtype), device, dtype)
             steps[name, path] = s.attention_step if path == "fast" else reference(s.attention_step)
     with torch.no_grad():
-        t = interleaved(steps, args.reps, device, warmup=5)
+        t = interleaved(steps, args.reps, device, warmup=5, burst=args.burst)
     print(f"{'path':>9} {'stat':>6} | {'full':>9} {'W8/S8':>9} {'ratio':>6}")
     for path in ("fast", "reference"):
         for stat in ("median", "best"):

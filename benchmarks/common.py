@@ -73,21 +73,26 @@ class Timing:
 
 
 def interleaved(fns: dict[str, Callable[[], object]], reps: int, device: torch.device, warmup: int = 1,
-                clock: Callable[[], float] = time.perf_counter) -> dict:
+                clock: Callable[[], float] = time.perf_counter, burst: int = 1) -> dict:
     """Timing of each fn, measured round-robin so that load from other processes hits every contender alike
     (the ratios are what matters on a shared machine). `clock=time.thread_time` times single-threaded CPU
-    work by the CPU it used, which waiting for a busy core does not inflate."""
+    work by the CPU it used, which waiting for a busy core does not inflate. `burst` > 1: each turn calls a fn
+    `burst` times in a row and times all but the first, which finds the other contenders' data in the caches
+    (a decoding model runs its steps back to back: single alternating steps would charge the contender with the
+    smaller working set for refilling the cache)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(reps):
         for name, fn in fns.items():
-            sync(device)
-            t = clock()
-            fn()
-            sync(device)
-            times[name].append(clock() - t)
+            for call in range(burst):
+                sync(device)
+                t = clock()
+                fn()
+                sync(device)
+                if call or burst == 1:
+                    times[name].append(clock() - t)
     return {k: Timing(statistics.median(v), min(v)) for k, v in times.items()}
 
 

@@ -36,3 +36,24 @@ def test_decode_benchmarks_run():
     out = subprocess.run([sys.executable, "-c", code], cwd=BENCH, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "reference   best" in out.stdout and "model median" in out.stdout
+
+
+def test_interleaved_bursts_leave_out_each_turns_cold_first_step():
+    """A contender whose first step after another contender's pays a refill (a cold cache) is timed at its warm
+    steps when run in bursts, at the cold ones when steps alternate singly."""
+    sys.path.insert(0, str(BENCH))
+    import torch
+    from common import interleaved
+
+    now, last = [0.0], [None]
+
+    def step(name: str):
+        def fn():
+            now[0] += 10.0 if last[0] != name else 1.0  # cold after the other contender, warm after itself
+            last[0] = name
+        return fn
+
+    fns = {"a": step("a"), "b": step("b")}
+    single = interleaved(fns, reps=3, device=torch.device("cpu"), warmup=0, clock=lambda: now[0])
+    bursts = interleaved(fns, reps=3, device=torch.device("cpu"), warmup=0, clock=lambda: now[0], burst=4)
+    assert single["a"].median == 10.0 and bursts["a"].median == bursts["b"].best == 1.0
