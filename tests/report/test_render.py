@@ -181,3 +181,27 @@ def test_profile_kind():
     assert profile_kind([68.2, 71.5, 77.7, 44.6, 48.3, 22.9, 62.2, 6.2]) == "graded"  # the study's seed 42
     assert profile_kind([6.0, 99.3, 99.7, 5.2, 5.7, 6.4, 23.1, 22.1]) == "all-or-nothing"  # the demo's W8/S8
     assert profile_kind([95, 97, 96, 94]) == "flat"
+
+
+def test_markdown_tables_say_what_the_report_says(study_dir):
+    """`phasekv report DIR --markdown`: one row per claim, one per run of the grid, from claims.json / grid.csv."""
+    import json
+
+    from phasekv.report.markdown import study_markdown
+
+    text = study_markdown(study_dir)
+    claims = json.loads((study_dir / "report" / "claims.json").read_text())
+    assert [c["claim"] for c in claims] == [f"C{i}" for i in range(1, 11)]
+    for c in claims:
+        assert f"| {c['claim']} | {c['verdict']} | " in text
+    grid = text.split("## The grid")[1]
+    assert "| model | prefix: mean |" in grid and "in-sequence: mean" in grid
+    assert "| Full attention · 1 KV | " in grid and "| W8/S8 · 1 KV | " in grid
+
+
+def test_markdown_without_a_rendered_report_is_a_one_line_error(tmp_path):
+    from phasekv.errors import DataError
+    from phasekv.report.markdown import study_markdown
+
+    with pytest.raises(DataError, match="render the report first"):
+        study_markdown(tmp_path)

@@ -1,0 +1,63 @@
+"""The study's claims and grid as Markdown (`phasekv report DIR --markdown FILE`): the tables a README or a paper
+quotes, read from the report's own `claims.json` and `grid.csv`, so they say exactly what the report says."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from phasekv.errors import DataError
+from phasekv.report.html import fmt
+from phasekv.report.layout import Layout
+from phasekv.report.tables import seed_spread
+
+
+def _gap(r: dict, tag: str = "") -> str:
+    return f"{fmt(r[tag + 'gap'])} [{fmt(r[tag + 'gap_lo'])}, {fmt(r[tag + 'gap_hi'])}]"
+
+
+def _period(x) -> str:
+    return "–" if pd.isna(x) else str(int(x))
+
+
+def _read(path: Path) -> Path:
+    if not path.is_file():
+        raise DataError(f"{path} not found: render the report first (`phasekv report {path.parent.parent}`)")
+    return path
+
+
+def claims_markdown(root: str | Path) -> str:
+    """One row per claim C1-C10: verdict and the measured evidence in words."""
+    rows = json.loads(_read(Layout(root).claims).read_text())
+    lines = ["| claim | verdict | measured here |", "|---|---|---|"]
+    return "\n".join(lines + [f"| {c['claim']} | {c['verdict']} | {c['reason']} |" for c in rows])
+
+
+def grid_markdown(root: str | Path) -> str:
+    """Every run of the grid: mean, worst, best, gap [95%] and period under each padding, the published values."""
+    df = pd.read_csv(_read(Layout(root).grid))
+    tags = [""] + [c[: -len("mean")] for c in df.columns if c.endswith("_mean") and not c.startswith("pub_")]
+    head = ["model"]
+    for tag in tags:
+        head += [f"{tag.rstrip('_') or 'prefix'}: mean", "worst", "best", "gap [95%]", "period"]
+    lines = ["| " + " | ".join(head + ["published: mean / worst / gap"]) + " |", "|" + "---|" * (len(head) + 1)]
+    for r in df[df.run].to_dict("records"):
+        cells = [r["model"]]
+        for tag in tags:
+            cells += [fmt(r[tag + "mean"]), fmt(r[tag + "worst"]), fmt(r[tag + "best"]), _gap(r, tag),
+                      _period(r[tag + "detected_period"])]
+        pub = "–" if pd.isna(r["pub_mean"]) else f"{fmt(r['pub_mean'])} / {fmt(r['pub_worst'])} / {fmt(r['pub_gap'])}"
+        lines.append("| " + " | ".join(cells + [pub]) + " |")
+    spread = seed_spread(df)
+    if spread is not None:
+        s = spread.round(1)
+        lines += ["", f"Seed-to-seed spread of W8/S8 · 1 KV over {int(s.seeds.iloc[0])} seed(s), prefix padding: "
+                  + "; ".join(f"{k} {s.loc['mean', k]} (SD {s.loc['std', k]}, {s.loc['min', k]}-{s.loc['max', k]})"
+                              for k in ("mean", "worst", "gap"))]
+    return "\n".join(lines)
+
+
+def study_markdown(root: str | Path) -> str:
+    return f"## The study's claims\n\n{claims_markdown(root)}\n\n## The grid\n\n{grid_markdown(root)}\n"
