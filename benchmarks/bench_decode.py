@@ -102,7 +102,7 @@ def step_ratio(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     steps = {}
     for name in ("full-1kv", "w8s8-1kv"):
-        cfg = ModelConfig.from_name(name, preset="tiny", max_seq_len=args.context + (4 + args.burst) * 2 * args.reps + 64)
+        cfg = ModelConfig.from_name(name, preset="tiny", max_seq_len=args.context + 5 + args.burst * args.reps + 64)  # warmup + timed steps
         model = PhaseLM(cfg).to(device=device, dtype=dtype).eval()
         for path in ("fast", "reference"):
             s = Stepper(model, synthetic_cache(model, 1, args.context, device, dtype), device, dtype)

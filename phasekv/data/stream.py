@@ -65,13 +65,14 @@ def length(e: Example) -> int:
 def by_length(examples: Sequence[Example], n: int) -> list[dict[str, torch.Tensor]]:
     """`examples` in `n` collated micro-batches of similar length, shortest first, each cut after its longest
     example's last target: a causal model gives every target the same logits as in one batch, over less padding."""
-    order = sorted(range(len(examples)), key=lambda i: length(examples[i]))  # (N,) stable: ties keep index order
+    lengths = [length(e) for e in examples]
+    order = sorted(range(len(examples)), key=lengths.__getitem__)  # stable: ties keep index order
     size = -(-len(examples) // n)
     out = []
     for a in range(0, len(order), size):
-        group = [examples[i] for i in order[a : a + size]]
-        cut = max(length(e) for e in group)
-        out.append({k: v[:, :cut] for k, v in collate(group).items()})  # (b, cut) each
+        group = order[a : a + size]
+        cut = max(lengths[i] for i in group)
+        out.append({k: v[:, :cut] for k, v in collate([examples[i] for i in group]).items()})  # (b, cut) each
     return out
 
 

@@ -48,6 +48,7 @@ class Task:
     is_done: Callable[[], bool]  # outputs complete?
     after: list[str] = field(default_factory=list)  # tasks that must finish first
     steps: Callable[[], tuple[int, int]] | None = None  # (done, total) for a live progress bar
+    units: float = 1.0  # work in its kind's unit, what the time-left estimate prices (a training: its steps)
 
 
 _WORKER_STARTED = False
@@ -94,27 +95,22 @@ def makespan(tasks: list[Task], cost: dict[str, float], jobs: int) -> float:
     return now
 
 
-def _units(t: Task) -> float:
-    """A task's work in its kind's unit: a training's steps, one for any other task."""
-    return float(t.steps()[1]) if t.steps else 1.0
-
-
 def time_left(tasks: list[Task], took: dict[str, float], done_share: dict[str, float],
               jobs: int) -> tuple[float, list[str]]:
     """Wall-clock seconds the unfinished tasks still take on `jobs` workers (`makespan` of their schedule), each
-    priced at its kind's seconds per unit (`_units`) over the finished tasks `took` of that kind, a running task at
+    priced at its kind's seconds per unit (`Task.units`) over the finished tasks `took` of that kind, a running task at
     the share of it not yet done (`done_share`); and the kinds no finished task prices yet (counted as free)."""
     per_kind: dict[str, list[float]] = {}  # stage function -> [seconds, units] of finished tasks
     for t in tasks:
         if t.name in took:
             c_u = per_kind.setdefault(t.fn.__name__, [0.0, 0.0])
             c_u[0] += took[t.name]
-            c_u[1] += _units(t)
+            c_u[1] += t.units
     left, cost, untimed = [], {}, set()
     for t in (t for t in tasks if t.name not in took):
         c, u = per_kind.get(t.fn.__name__, (0.0, 0.0))
         if u:
-            cost[t.name] = c / u * _units(t) * (1.0 - done_share.get(t.name, 0.0))
+            cost[t.name] = c / u * t.units * (1.0 - done_share.get(t.name, 0.0))
         else:
             untimed.add(t.fn.__name__)
         left.append(dataclasses.replace(t, after=[d for d in t.after if d not in took]))
@@ -160,7 +156,8 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
         run, trained = str(lay.run(alias)), [f"train {alias}"]
         tasks.append(Task(f"train {alias}", stages.train_model, {"plan": p, "arch": cfg.name, "run_dir": run},
                           lambda run=lay.run(alias): (run / "done.json").is_file(),
-                          steps=lambda run=lay.run(alias), n=plan.steps_of(cfg.name): (_last_step(run), n)))
+                          steps=lambda run=lay.run(alias), n=plan.steps_of(cfg.name): (_last_step(run), n),
+                          units=plan.steps_of(cfg.name)))
         for proto, padding in ((q, v) for q in PROTOCOLS.values() if q.retrieval for v in q.study):
             out = lay.evaluation(proto.stage(padding)) / alias
             tasks.append(Task(f"{proto.task(padding)} {alias}", stages.retrieval,

@@ -11,11 +11,7 @@ import pandas as pd
 from phasekv.errors import DataError
 from phasekv.report.html import fmt
 from phasekv.report.layout import Layout
-from phasekv.report.tables import seed_spread
-
-
-def _gap(r: dict, tag: str = "") -> str:
-    return f"{fmt(r[tag + 'gap'])} [{fmt(r[tag + 'gap_lo'])}, {fmt(r[tag + 'gap_hi'])}]"
+from phasekv.report.tables import gap_text, seed_spread, spread_text
 
 
 def _period(x) -> str:
@@ -46,16 +42,14 @@ def grid_markdown(root: str | Path) -> str:
     for r in df[df.run].to_dict("records"):
         cells = [r["model"]]
         for tag in tags:
-            cells += [fmt(r[tag + "mean"]), fmt(r[tag + "worst"]), fmt(r[tag + "best"]), _gap(r, tag),
+            cells += [fmt(r[tag + "mean"]), fmt(r[tag + "worst"]), fmt(r[tag + "best"]), gap_text(r, tag),
                       _period(r[tag + "detected_period"])]
         pub = "–" if pd.isna(r["pub_mean"]) else f"{fmt(r['pub_mean'])} / {fmt(r['pub_worst'])} / {fmt(r['pub_gap'])}"
         lines.append("| " + " | ".join(cells + [pub]) + " |")
     spread = seed_spread(df)
     if spread is not None:
-        s = spread.round(1)
-        lines += ["", f"Seed-to-seed spread of W8/S8 · 1 KV over {int(s.seeds.iloc[0])} seed(s), prefix padding: "
-                  + "; ".join(f"{k} {s.loc['mean', k]} (SD {s.loc['std', k]}, {s.loc['min', k]}-{s.loc['max', k]})"
-                              for k in ("mean", "worst", "gap"))]
+        lines += ["", f"Seed-to-seed spread of W8/S8 · 1 KV over {int(spread.seeds.iloc[0])} seed(s), prefix padding: "
+                  f"{spread_text(spread)}"]
     return "\n".join(lines)
 
 

@@ -126,18 +126,15 @@ def section_grid(b: Builder) -> None:
     write_text(Layout(b.study.root).grid, df.to_csv(index=False))
     other = [p for p in b.study.lookup if p != claims.PADDING]
 
-    def gap(r, tag=""):
-        return f"{fmt(r[tag + 'gap'])} [{fmt(r[tag + 'gap_lo'])}, {fmt(r[tag + 'gap_hi'])}]" if tag + "gap" in r else "–"
-
     rows = []
     for r in df.to_dict("records"):
         loss = f" (val. loss {r['pub_val_loss']:.3f})" if r["pub_val_loss"] == r["pub_val_loss"] else ""
         pub = (f'<span class="published">{esc(r["model"])}: {r["pub_mean"]:.1f} / {r["pub_worst"]:.1f} / '
                f'{r["pub_gap"]:.1f}{loss}</span>') if r["pub_mean"] == r["pub_mean"] else "–"
         ours = [fmt(r.get(k)) for k in ("mean", "worst", "best")] if r["run"] else ["not run here", "", ""]
-        rows.append([esc(r["model"]), fmt(r["val_loss"], 3), *ours, gap(r) if r["run"] else "",
+        rows.append([esc(r["model"]), fmt(r["val_loss"], 3), *ours, tables.gap_text(r) if r["run"] else "",
                      _int(r.get("detected_period")) if r["run"] else "",
-                     *(gap(r, f"{p}_") if r["run"] else "" for p in other), pub])
+                     *(tables.gap_text(r, f"{p}_") if r["run"] else "" for p in other), pub])
     heads = ["model", "val. loss", "mean", "worst", "best", "gap [95%]", "period",
              *(f"{esc(p)} gap [95%]" for p in other),
              f'<span class="published">{esc(published.SOURCE)}: mean / worst / gap (val. loss)</span>']
@@ -147,9 +144,8 @@ def section_grid(b: Builder) -> None:
              "<code>grid.csv</code> beside this page.</p>")
     spread = tables.seed_spread(df)
     if spread is not None:
-        body += (f"<p>Seed-to-seed spread of W8/S8 · 1 KV over {int(spread.seeds.iloc[0])} seed(s): " + "; ".join(
-            f"{k} {spread.at['mean', k]:.1f} (SD {fmt(spread.at['std', k])}, range {spread.at['min', k]:.1f}–"
-            f"{spread.at['max', k]:.1f})" for k in ("mean", "worst", "gap")) + ".</p>")
+        body += (f"<p>Seed-to-seed spread of W8/S8 · 1 KV over {int(spread.seeds.iloc[0])} seed(s): "
+                 f"{tables.spread_text(spread)}.</p>")
     b.add("grid", "The grid (Figure 2)", body)
 
 

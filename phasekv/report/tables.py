@@ -8,6 +8,7 @@ import pandas as pd
 from phasekv.config.names import PAPER_GRID
 from phasekv.eval.stats import phase_profile, profile_kind
 from phasekv.report import published
+from phasekv.report.html import fmt
 from phasekv.report.load import Model, Stage, Study
 
 
@@ -108,6 +109,19 @@ def grid_table(study: Study) -> pd.DataFrame:
             row.update({f"{tag}gap_lo": lo, f"{tag}gap_hi": hi})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def gap_text(row: dict, tag: str = "") -> str:
+    """A grid row's gap with its interval, '55.3 [50.7, 59.9]' (`tag`: the padding's column prefix)."""
+    if tag + "gap" not in row:
+        return "–"
+    return f"{fmt(row[tag + 'gap'])} [{fmt(row[tag + 'gap_lo'])}, {fmt(row[tag + 'gap_hi'])}]"
+
+
+def spread_text(spread: pd.DataFrame) -> str:
+    """`seed_spread` in words: 'mean 39.5 (SD 7.0, range 32.2–47.6); worst ...; gap ...'."""
+    return "; ".join(f"{k} {spread.at['mean', k]:.1f} (SD {fmt(spread.at['std', k])}, range {spread.at['min', k]:.1f}–"
+                     f"{spread.at['max', k]:.1f})" for k in ("mean", "worst", "gap"))
 
 
 def seed_spread(grid: pd.DataFrame, name: str = "W8/S8 · 1 KV") -> pd.DataFrame | None:

@@ -111,10 +111,8 @@ def test_time_left_prices_unfinished_tasks_by_their_kind():
     from phasekv.demo.runner import time_left
 
     noop = lambda: False  # noqa: E731
-    steps = lambda done, total: lambda: (done, total)  # noqa: E731
-    tasks = [Task("train a", _sleep, {}, noop, steps=steps(1000, 1000)),
-             Task("train b", _sleep, {}, noop, steps=steps(500, 1000)),
-             Task("train c", _sleep, {}, noop, steps=steps(0, 2000)),
+    tasks = [Task("train a", _sleep, {}, noop, units=1000), Task("train b", _sleep, {}, noop, units=1000),
+             Task("train c", _sleep, {}, noop, units=2000),
              Task("look a", _touch, {}, noop, after=["train a"]), Task("look c", _touch, {}, noop, after=["train c"])]
     # 0.1 s per step: b has 50 s left, c 200 s; the lookups are not yet timed (free); two workers: c ends at 200
     assert time_left(tasks, {"train a": 100.0}, {"train b": 0.5}, jobs=2) == (200.0, ["_touch"])
