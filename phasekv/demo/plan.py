@@ -146,10 +146,10 @@ STUDY_QUICK = dict(per_group=8, ko_per_group=8, cycle_per_group=8, n_cal=16, gat
 
 # What the study's budget rests on (tiny-8h, the study's recipe, seed 42 unless named; measured): one budget for every
 #   run, as in the paper. Full attention · 1 KV is on the edge of learning the lookup at 1,000 steps: without trim
-#   99.9% held-out recall there (seed 43: 100%), with trim (the same gradient up to float rounding) its loss stayed at
-#   3.0 and its recall at chance (19.3%, lookup mean 6.3%) in the whole study of 2026-12-02, which left C5 and C6
-#   untestable; at 1,600 (no trim) its lookup mean was 97.7%. W8/S8 · 1 KV · uniform averaging at 1,600 steps: 48.1% held-out, lookup
-#   (prefix) mean 15.2 [14.3, 16.1], gap 14.8 [10.9, 18.6], period 8 (published: 12.5, gap 19.2); at 3,200: 90.1%.
+#   99.9% held-out recall there (seed 43: 100%), with trim (the same gradient up to float rounding) its loss stayed
+#   at 3.0 and its recall at chance (19.3%, lookup mean 6.3%) in the whole study of 2026-12-02, which left C5 and C6
+#   untestable; at 1,600 (no trim) its lookup mean was 97.7%. W8/S8 · 1 KV · uniform averaging at 1,600 steps: 48.1%
+#   held-out, lookup (prefix) mean 15.2 [14.3, 16.1], gap 14.8 [10.9, 18.6], period 8 (published: 12.5, gap 19.2).
 def study_plan(quick: bool, preset: str = STUDY_PRESET) -> DemoPlan:
     """The whole study (SPEC §3: the paper's grid, 26 runs with the full-attention baselines) with the demo's
     recipe plus repeat sequences (STUDY_RECALL) and the demo's sizes at `preset`; --quick: smoke budgets
