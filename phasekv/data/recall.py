@@ -26,6 +26,7 @@ evaluation of such a run uses, one token each.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -162,6 +163,8 @@ class RecallStream:
         self.words = word_ids(tok, keys, "key")
         self.values = word_ids(tok, values, "value")
         self.filler = word_ids(tok, words["filler"], "filler")
+        self.single_filler = all(len(w) == 1 for w in self.filler)  # the word tokenizer's: one token per word
+        self.filler_ids = np.array([w[0] for w in self.filler], dtype=np.int64)  # (n_filler,) when single
         self.marker = word_ids(tok, [cfg.marker], "marker")[0]
         sp = special_ids(tok)
         self.bos = [sp["bos"]] if sp["bos"] is not None else []
@@ -191,20 +194,17 @@ class RecallStream:
         lo, hi = self.record_range(index)
         n = int(rng.integers(lo, hi + 1))
         keys = [self.key(i) for i in rng.choice(len(self.words) ** c.key_words, n, replace=False)]
-        vals = rng.choice(len(self.values), n, replace=False)
+        vals = [self.values[v] for v in rng.choice(len(self.values), n, replace=False)]
         ids: list[int] = list(self.bos)
-        labels: list[int] = [IGNORE] * len(ids)
-        answer: list[int] = [-1] * len(ids)
-
-        def put(tokens: list[int]):
-            ids.extend(tokens)
-            labels.extend([IGNORE] * len(tokens))
-            answer.extend([-1] * len(tokens))
+        targets: list[tuple[int, int, list[int]]] = []  # (query position, record key position, value tokens)
 
         def filler(k: int):  # exactly k tokens of filler words (the last word may be cut)
+            if self.single_filler:  # one draw per token: the same draws as the loop below, in one call
+                ids.extend(self.filler_ids[rng.integers(0, len(self.filler), size=k)].tolist())
+                return
             target = len(ids) + k
             while len(ids) < target:
-                put(self.filler[int(rng.integers(0, len(self.filler)))][: target - len(ids)])
+                ids.extend(self.filler[int(rng.integers(0, len(self.filler)))][: target - len(ids)])
 
         def gap():
             if rng.random() < c.gap_prob:
@@ -213,41 +213,45 @@ class RecallStream:
         filler(int(rng.integers(0, c.max_prefix)))
         key_pos, longest = [], 0
         for k, v in zip(keys, vals, strict=True):
-            size = len(k) + len(self.values[v])
+            size = len(k) + len(v)
             longest = max(longest, size)
             first = key_pos[0] if key_pos else len(ids)
             if max(len(ids) + size + c.max_gap + len(self.marker), first + c.min_distance) + longest > c.seq_len:
                 break  # long prefix and gaps: fewer records, so that at least one query still fits
             key_pos.append(len(ids))
-            put(k)
-            put(self.values[v])
+            ids.extend(k)
+            ids.extend(v)
             gap()
-        put(self.marker)
+        ids.extend(self.marker)
         n = len(key_pos)
         if n and key_pos[0] + c.min_distance > len(ids):  # few records: filler, so the first one is far enough
             filler(key_pos[0] + c.min_distance - len(ids))
         for _ in range(n):  # n queries, keys drawn with replacement (see module doc)
-            ready = [r for r in range(n) if len(ids) - key_pos[r] >= c.min_distance]  # beyond the local window
-            r = ready[int(rng.integers(0, len(ready)))]
-            k, v = keys[r], self.values[vals[r]]
+            ready = bisect.bisect_right(key_pos, len(ids) - c.min_distance)  # records beyond the local window: a prefix
+            r = int(rng.integers(0, ready))
+            k, v = keys[r], vals[r]
             if len(ids) + len(k) + len(v) > c.seq_len:
                 continue  # a shorter record may still fit
-            put(k)
-            put(v)
-            q = len(ids) - len(v) - 1  # the queried key's last token predicts the value's first token
-            answer[q] = key_pos[r]
-            labels[q : q + len(v)] = v  # multi-token values (BPE): the rest of the value is trained too
+            ids.extend(k)
+            targets.append((len(ids) - 1, key_pos[r], v))  # the queried key's last token predicts the value's first
+            ids.extend(v)
             if c.query_gaps:
                 gap()
-        if all(a < 0 for a in answer[: c.seq_len]):
-            raise DataError(f"recall: seq_len={c.seq_len} leaves no room for a query with this tokenizer")
-        del ids[c.seq_len :], labels[c.seq_len :], answer[c.seq_len :]  # a last gap may run past the end
-        pad = c.seq_len - len(ids)
-        return Example(
-            np.array(ids + [self.pad] * pad, dtype=np.int64),
-            np.array(labels + [IGNORE] * pad, dtype=np.int64),
-            np.array(answer + [-1] * pad, dtype=np.int64),
-        )
+        return self._pack(ids, targets)
+
+    def _pack(self, ids: list[int], targets: list[tuple[int, int, list[int]]]) -> Example:
+        """A sequence cut or padded to seq_len, its labels (the values after queried keys, multi-token values
+        trained whole) and answer positions."""
+        T = self.seq_len
+        labels, answer = np.full(T, IGNORE, dtype=np.int64), np.full(T, -1, dtype=np.int64)
+        for q, key, v in targets:
+            if q < T:
+                answer[q] = key
+                labels[q : q + len(v)] = v[: T - q]
+        if not targets or targets[0][0] >= T:
+            raise DataError(f"recall: seq_len={T} leaves no room for a query with this tokenizer")
+        del ids[T:]  # a last gap may run past the end
+        return Example(np.array(ids + [self.pad] * (T - len(ids)), dtype=np.int64), labels, answer)
 
     def is_repeat(self, index: int) -> bool:
         """Whether training example `index` is a repeat sequence (its own random stream decides, so every other

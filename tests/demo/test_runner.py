@@ -153,7 +153,8 @@ def test_training_per_model_and_longest_training_first(tmp_path):
     assert plan.sequences_of("w8s8-1kv-uniform") > plan.sequences_of("W8/S4 · 1 KV") == plan.steps * plan.batch_size
     assert plan.training_of("W8/S4 · 1 KV") == {"steps": plan.steps, "batch_size": plan.batch_size, "lr": plan.lr}
     assert plan_for(quick=True).per_model == {"W12/S6 · 2 KV": {"recall": {"gap_prob": 0.5}}}  # what, not how long
-    assert "(W8/S8 · 1 KV · uniform averaging: 3200 steps)" in plan.steps_text()
+    assert "(W8/S8 · 1 KV · uniform averaging: 1600 steps)" in plan.steps_text()
+    assert "records growing from 1 over the first 400 steps" in plan.steps_text()
     trainings = [t for t in build_tasks(tmp_path, plan) if t.name.startswith("train ")]
     assert trainings[0].name == "train w8s8-1kv-uniform"  # the critical path starts first
     assert [t.steps()[1] for t in trainings][:3] == [plan.steps_of("w8s8-1kv-uniform"), plan.steps_of("w8s8-1kv"),
@@ -166,7 +167,10 @@ def test_a_model_trained_on_its_own_recall_layout_and_the_repair_task(tmp_path):
     full-attention model are in the plan, and never in the study."""
     plan = dataclasses.replace(plan_for(quick=False), models=["Full attention · 1 KV", "W8/S4 · 1 KV", "W12/S6 · 2 KV"],
                                per_model={"W12/S6 · 2 KV": {"steps": 1600, "recall": {"gap_prob": 0.5}}})
-    assert plan.recall_of("w12s6-2kv") == {**plan.recall, "gap_prob": 0.5} and plan.recall_of("w8s4-1kv") == plan.recall
+    grow = {"curriculum": plan.curriculum * plan.batch_size}  # the record curriculum, in examples
+    assert plan.recall_of("w12s6-2kv") == {**plan.recall, **grow, "gap_prob": 0.5}
+    assert plan.recall_of("w8s4-1kv") == plan.recall | grow
+    assert dataclasses.replace(plan, curriculum=0).recall_of("w8s4-1kv") == plan.recall
     assert plan.training_of("w12s6-2kv") == {"steps": 1600, "batch_size": plan.batch_size, "lr": plan.lr}
     assert "(W12/S6 · 2 KV: 1600 steps, gap_prob 0.5)" in plan.steps_text()
     tasks = {t.name: t for t in build_tasks(tmp_path, plan)}

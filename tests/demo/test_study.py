@@ -11,7 +11,7 @@ import pytest
 from phasekv.attention.compressor import cyclable
 from phasekv.config import ModelConfig
 from phasekv.config.names import PAPER_GRID, parse_name
-from phasekv.demo.plan import STUDY_PRESET, plan_for, study_plan
+from phasekv.demo.plan import STUDY_PRESET, STUDY_STEPS, plan_for, study_plan
 from phasekv.demo.runner import build_tasks, run_plan, run_study
 from phasekv.errors import ConfigError
 
@@ -31,7 +31,8 @@ def test_study_runs_the_papers_grid_at_one_valid_backbone():
     # attention too)
     demo = plan_for(quick=False)
     assert plan.recall == demo.recall | {"repeat_prob": 0.25}
-    assert (plan.steps, plan.per_group, plan.lr) == (demo.steps_of("W8/S8 · 1 KV"), demo.per_group, demo.lr)
+    assert (plan.steps, plan.per_group, plan.lr) == (STUDY_STEPS, demo.per_group, demo.lr)
+    assert plan.curriculum == 0 and "curriculum" not in plan.recall_of("W8/S8 · 1 KV")  # measured without it
     assert len([c for c in cfgs if not c.compressed]) == 3 and plan.per_model == {}
     assert all(plan.steps_of(c.name) == plan.steps for c in cfgs)
     assert "uniform averaging" in " ".join(c.name for c in cfgs if c.compressed)
