@@ -73,15 +73,33 @@ class Attention(nn.Module):
         return self.compressor.entry_kv(raw, j, self.k_norm)
 
     # ---- forward ----
-    def forward(self, h: torch.Tensor, pos: torch.Tensor, cache=None, shift: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, pos: torch.Tensor, cache=None, shift: torch.Tensor | None = None,
+                last: bool = False) -> torch.Tensor:
         """h (B, T, d) normed hidden states at positions pos (T,) -> (B, T, d). `shift` (B,): grid jitter, each
-        sequence's windows start that many tokens early (training forward only)."""
-        if cache is not None and h.shape[1] == 1 and decode.enabled():
+        sequence's windows start that many tokens early (training forward only). `last` (no cache): the output
+        at the last position alone, (B, 1, d), from its one query over the chunk's keys."""
+        if last:
+            z = self._last_query(h, pos, shift)  # (B, H, 1, D)
+        elif cache is not None and h.shape[1] == 1 and decode.enabled():
             z = decode.step(self, h, pos, cache)  # (B, H, 1, D)
         else:
             z = self._attend(h, pos, cache, shift)  # (B, H, T, D)
         z = self.z_hook(z.transpose(1, 2))  # (B, T, H, D)
         return self.o_proj(z.flatten(2))
+
+    def _last_query(self, h: torch.Tensor, pos: torch.Tensor, shift: torch.Tensor | None = None) -> torch.Tensor:
+        """The per-head outputs z (B, H, 1, D) of the last position: its query over every key of the chunk (full
+        attention) or over the chunk's entries and the exact tokens it keeps, held as a decode ring would."""
+        q = self._rope(self.q_norm(self._heads(self.q_proj(h[:, -1:]), self.cfg.n_heads)), pos[-1:])  # (B, H, 1, D)
+        k, v = self._exact_kv(h, pos)  # (B, n_kv, T, D)
+        if self.compressor is None:
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # the last query sees every key
+        ek, ev = self.compressor.entries(h, self.k_norm, shift)  # (B, n_kv, n, D) each
+        a = max(0, h.shape[1] - self.grid.exact_keep)  # oldest exact token the last query may see
+        rk, k_t = k[:, :, a:-1], k[:, :, -1:]  # (B, n_kv, T - 1 - a, D): the ring before it; (B, n_kv, 1, D)
+        rv, v_t = (rk, k_t) if v is k else (v[:, :, a:-1], v[:, :, -1:])  # tied K/V stay one tensor
+        return blockwise.blockwise_attention(q, pos[-1:], ek, ev, k_t, v_t, self.grid, ring=(rk, rv, pos[a:-1]),
+                                             sinks=self.sinks)
 
     def _attend(self, h: torch.Tensor, pos: torch.Tensor, cache, shift: torch.Tensor | None = None) -> torch.Tensor:
         """The per-head outputs z (B, H, T, D) of any chunk (the reference for `decode.step`)."""

@@ -23,9 +23,9 @@ class DemoPlan:
     preset: str = "tiny"
     # --- training (phasekv train on synthetic associative recall: 2-16 records over 32 keys and 32 names, queries
     #     drawn with replacement, every record followed by 1-4 filler words; measured, see README) ---
-    steps: int = 800  # optimizer steps per model (with the record curriculum below; measured, seed 42: full
-    #                   attention 98% held-out recall at step 800 of 1,000, W8/S4 98% at step 400 of 800; without the
-    #                   curriculum full attention left the chance plateau only at ~900 and the models had 1,000)
+    steps: int = 800  # optimizer steps per model (with the record curriculum below; measured, seed 42: W8/S4 98%
+    #                   held-out recall at step 400 of 800, W6/S6 93% at 800; without the curriculum the models had
+    #                   1,000, and full attention left the chance plateau only at ~900)
     batch_size: int = 64  # sequences per step (at 32, per step, W8/S8 learned far slower: loss 2.95 and a lookup
     #                       mean of 3.9% after 1,000 steps, where 64 had 0.82; measured)
     curriculum: int = 400  # steps over which a training sequence's record count grows from 1 to the full 2-16
@@ -34,10 +34,13 @@ class DemoPlan:
     #   [93.6, 96.9], period 8 at 1,000 steps (without: gap 41.8 at 1,000, 95.7 at 1,600); uniform averaging 54.6%
     #   at 1,600, lookup mean 15.8 [14.9, 16.6], gap 24.8 [21.0, 28.6], period 8 (without: mean 10.5 at 2,400,
     #   19.5 at 3,200); full attention 98.0% at 800 (without: chance until ~900)
-    per_model: dict = field(default_factory=lambda: {"W8/S8 · 1 KV": {"steps": 1000},
+    per_model: dict = field(default_factory=lambda: {"Full attention · 1 KV": {"steps": 1000},
+                                                     "W8/S8 · 1 KV": {"steps": 1000},
                                                      "W8/S8 · 1 KV · uniform averaging": {"steps": 1600},
                                                      "W12/S6 · 2 KV": {"recall": {"gap_prob": 0.5}}})  # models
-    #   trained longer: W8/S8 is still learning at 800 steps (74% held-out recall at 600, 83% at 1,000).
+    #   trained longer: full attention is still learning the dense lookup at 800 (lookup mean 58.2, gap 3.7 [0.4,
+    #   7.6]; at 1,000: 96.8, gap 1.3 [0.2, 2.6]); W8/S8 is still learning at 800 steps (74% held-out recall at
+    #   600, 83% at 1,000).
     #   Averaging a window has no gate to pick the record, so uniform averaging learns slowest (without the
     #   curriculum: lookup mean 10.5 at 2,400 steps, 19.5 at 3,200; at lr 6e-3 its loss was no lower by 1,700
     #   steps; at batch 32 it stayed at ~2.3 through 3,200; measured).

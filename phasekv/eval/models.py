@@ -63,9 +63,7 @@ def last_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """Next-token logits at the last position, (B, V), for a PhaseLM or a transformers causal LM."""
     if hasattr(model, "new_cache"):  # PhaseLM
         if ids.shape[1] <= PREFILL_CHUNK:
-            last = torch.zeros_like(ids, dtype=torch.bool)
-            last[:, -1] = True
-            return model(ids, select=last).float()  # (B, V): the LM head at the last position only
+            return model(ids, last=True).float()  # (B, V): the last layer and LM head at the last position only
         cache = model.new_cache(ids.shape[0])
         for s in range(0, ids.shape[1], PREFILL_CHUNK):
             out = model(ids[:, s : s + PREFILL_CHUNK], cache=cache)  # (B, chunk, V)

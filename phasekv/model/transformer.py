@@ -37,8 +37,11 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache=None, shift: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), pos, cache, shift)
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache=None, shift: torch.Tensor | None = None,
+                last: bool = False) -> torch.Tensor:
+        """x (B, T, d) -> (B, T, d), or with `last` the last position alone (B, 1, d)."""
+        a = self.attn(self.attn_norm(x), pos, cache, shift, last)  # (B, T or 1, d)
+        x = (x[:, -1:] if last else x) + a
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -57,23 +60,27 @@ class PhaseLM(nn.Module):
         self.apply(lambda m: _init_weights(m, config))
 
     def forward(self, input_ids: torch.Tensor, cache: PhaseCache | None = None,
-                select: torch.Tensor | None = None) -> torch.Tensor:
+                select: torch.Tensor | None = None, last: bool = False) -> torch.Tensor:
         """input_ids (B, T) -> logits (B, T, V). With a cache, the tokens continue the cached sequence. With
         `select` (B, T) bool, only the selected positions' logits (n, V), in row-major order: a training loss
-        whose labels cover few positions (recall: ~8%) skips the LM head elsewhere."""
+        whose labels cover few positions (recall: ~8%) skips the LM head elsewhere. With `last` (no cache), the
+        last position's logits (B, V), its last layer run for that one position (an evaluation's query)."""
         B, T = input_ids.shape
         start = 0 if cache is None else cache.pos
         self._check_input(input_ids, start)
+        if last and cache is not None:
+            raise ConfigError("last=True runs a whole prompt: give no cache")
         pos = torch.arange(start, start + T, device=input_ids.device)  # (T,)
         x = self.embed(input_ids)  # (B, T, d)
         shift = self._grid_shift(B) if cache is None else None
+        short = last and not _hooked(self.layers[-1])  # hooks there read every position's tensors
         for i, layer in enumerate(self.layers):
-            x = layer(x, pos, None if cache is None else cache.layers[i], shift)
+            x = layer(x, pos, None if cache is None else cache.layers[i], shift, short and i == len(self.layers) - 1)
         if cache is not None:
             cache.pos += T
-        x = self.norm(x if select is None else x[select])  # (B, T, d) or (n, d)
+        x = self.norm(x[:, -1] if last else x if select is None else x[select])  # (B, d), (B, T, d) or (n, d)
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return x @ weight.T  # (B, T, V) or (n, V)
+        return x @ weight.T  # (B, V), (B, T, V) or (n, V)
 
     def _grid_shift(self, batch: int) -> torch.Tensor | None:
         """Grid jitter (training forward only): per sequence, a random 0..S-1 tokens by which every layer's
@@ -123,6 +130,11 @@ class PhaseLM(nn.Module):
         from phasekv.model.hf import to_hf
 
         return to_hf(self, evaluation)
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Whether a forward hook sits on `module` or inside it (the analyses' knockouts and captures)."""
+    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
 
 def _init_weights(module: nn.Module, cfg: ModelConfig) -> None:

@@ -94,3 +94,42 @@ def test_cache_bytes_scale_with_stride():
         full = cache_bytes(cfg.full_attention(), T)
         assert cache.nbytes == cache_bytes(cfg, T)
         assert ratio < cache.nbytes / full < ratio + (16 + cfg.window + 1) / T
+
+
+@pytest.mark.parametrize("name", ["Full attention · 1 KV", *VARIANTS])
+@torch.no_grad()
+def test_last_position_equals_the_whole_forward(name):
+    """`last=True` (an evaluation's query: the last layer runs for the last position only) gives the last
+    position's logits of the whole forward, for every variant and lengths around the window grid."""
+    model = PhaseLM(ModelConfig.from_name(name, **SMALL)).eval()
+    for T in (1, 7, 16, 17, 43):
+        ids = torch.randint(0, 61, (3, T))
+        assert (model(ids, last=True) - model(ids)[:, -1]).abs().max() <= 1e-5
+
+
+@settings(max_examples=25, deadline=None)
+@given(W=st.integers(1, 10), S=st.integers(1, 10), T=st.integers(1, 40), local=st.sampled_from([None, 1, 2, 5, 16]),
+       kv=st.sampled_from([1, 2, 4]), gate=st.sampled_from(["scalar", "vector", "uniform"]), heads=st.booleans())
+@torch.no_grad()
+def test_last_position_equals_the_whole_forward_random(W, S, T, local, kv, gate, heads):
+    cfg = ModelConfig(vocab_size=37, n_layers=2, d_model=24, n_heads=4, n_kv_heads=kv, head_dim=8, d_ff=32,
+                      window=W, stride=min(S, W), local_window=local, gate=gate,
+                      head_stagger=heads and kv > 1 and local is not None)
+    model = PhaseLM(cfg).eval()
+    ids = torch.randint(0, 37, (2, T))
+    assert (model(ids, last=True) - model(ids)[:, -1]).abs().max() <= 1e-5
+
+
+def test_last_position_with_a_hook_on_the_last_layer_runs_every_position():
+    """A hook on the last layer (a knockout, a capture) sees the shapes of the whole forward."""
+    model = PhaseLM(ModelConfig.from_name("W8/S4 · 1 KV", **SMALL)).eval()
+    ids = torch.randint(0, 61, (2, 30))
+    seen = []
+    handle = model.layers[-1].attn.z_hook.register_forward_hook(lambda m, a, out: seen.append(out.shape))
+    with torch.no_grad():
+        got = model(ids, last=True)
+    handle.remove()
+    assert seen == [torch.Size([2, 30, 8, 16])]
+    assert (got - model(ids)[:, -1]).abs().max() <= 1e-5
+    with pytest.raises(Exception, match="no cache"):
+        model(ids, cache=model.new_cache(2), last=True)
