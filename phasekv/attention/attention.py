@@ -62,6 +62,10 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, n, self.cfg.head_dim).transpose(1, 2)  # (B, n, T, D)
 
+    def _queries(self, h: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Queries (B, H, T, D) of hidden states h (B, T, d) at positions pos (T,): normalised, rotated."""
+        return self._rope(self.q_norm(self._heads(self.q_proj(h), self.cfg.n_heads)), pos)
+
     def _exact_kv(self, h: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact keys and values (B, n_kv, T, D): normalised, rotated; tied values reuse the keys."""
         k = self._rope(self.k_norm(self._heads(self.k_proj(h), self.cfg.n_kv_heads)), pos)
@@ -90,7 +94,7 @@ class Attention(nn.Module):
     def _last_query(self, h: torch.Tensor, pos: torch.Tensor, shift: torch.Tensor | None = None) -> torch.Tensor:
         """The per-head outputs z (B, H, 1, D) of the last position: its query over every key of the chunk (full
         attention) or over the chunk's entries and the exact tokens it keeps, held as a decode ring would."""
-        q = self._rope(self.q_norm(self._heads(self.q_proj(h[:, -1:]), self.cfg.n_heads)), pos[-1:])  # (B, H, 1, D)
+        q = self._queries(h[:, -1:], pos[-1:])  # (B, H, 1, D)
         k, v = self._exact_kv(h, pos)  # (B, n_kv, T, D)
         if self.compressor is None:
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # the last query sees every key
@@ -103,7 +107,7 @@ class Attention(nn.Module):
 
     def _attend(self, h: torch.Tensor, pos: torch.Tensor, cache, shift: torch.Tensor | None = None) -> torch.Tensor:
         """The per-head outputs z (B, H, T, D) of any chunk (the reference for `decode.step`)."""
-        q = self._rope(self.q_norm(self._heads(self.q_proj(h), self.cfg.n_heads)), pos)  # (B, H, T, D)
+        q = self._queries(h, pos)  # (B, H, T, D)
         k, v = self._exact_kv(h, pos)  # (B, n_kv, T, D)
         if self.compressor is None:
             return self._full(q, k, v, pos, cache)
