@@ -89,6 +89,36 @@ def test_default_block_size_long_sequence():
     assert_same(fast, reference(q, pos, ek, ev, k, v, grid, rk, rv, pos[:0]), leaves)
 
 
+@pytest.mark.parametrize("cached", [True, False])
+@pytest.mark.parametrize("kv,sink", [(1, False), (2, False), (4, False), (2, True)])
+def test_folded_heads_and_mask_cache_equal_reference(monkeypatch, cached, kv, sink):
+    """Short chunks fold the query heads of a KV head into rows over cached masks; long ones (here: the cache
+    turned off) run GQA over masks made block by block; both pad keys to `key_align` and equal the reference."""
+    if not cached:
+        monkeypatch.setattr(blockwise, "MASK_CACHE_TOKENS", 0)
+    grid = Grid(8, 4, 1, 5)
+    T = 75  # blocks whose key counts are not multiples of 16
+    pos = torch.arange(T)
+    q, ek, ev, k, v, rk, rv, leaves = inputs(2, 4, kv, T, grid.n_complete(T), 8, False)
+    sinks = torch.randn(4, requires_grad=True) if sink else None
+    fast = blockwise.blockwise_attention(q, pos, ek, ev, k, v, grid, block=16, sinks=sinks)
+    j = torch.arange(ek.shape[2])
+    ref = attend(q, torch.cat([ek, k], 2), torch.cat([ev, v], 2), grid.mask(pos, j, pos), sinks)
+    assert_same(fast, ref, leaves + ([sinks] if sink else []))
+
+
+def test_masks_first_made_in_inference_mode_train():
+    """The mask cache's tensors are plain ones even when an evaluation (inference mode) made them first."""
+    grid = Grid(8, 8, 0, 16)
+    q, ek, ev, k, v, rk, rv, leaves = inputs(1, 4, 1, 40, grid.n_complete(40), 8, False)
+    blockwise._cached_block_masks.cache_clear()
+    with torch.inference_mode():
+        blockwise.blockwise_attention(q.detach(), torch.arange(40), ek.detach(), ev.detach(), k.detach(), v.detach(),
+                                      grid)
+    fast = blockwise.blockwise_attention(q, torch.arange(40), ek, ev, k, v, grid)
+    assert_same(fast, reference(q, torch.arange(40), ek, ev, k, v, grid, rk, rv, torch.arange(0)), leaves)
+
+
 def model_outputs(model, ids, backend):
     model.zero_grad()
     torch.manual_seed(0)  # grid jitter draws its training shifts: the same ones for both backends
