@@ -135,11 +135,8 @@ class CompressorBranch(nn.Module, ABC):
 
     def pool(self, windows: torch.Tensor, present: torch.Tensor | None = None,
              heads: slice | None = None) -> torch.Tensor:
-        """Compressed entries (B, n_kv, n, d_head) of complete windows (B, n, W, d), their softmax over offsets
-        taken in one pass (the training forward: fewer ops than partials); equal to `finalize(partial(...))`,
-        the streaming form that a decode cache fills token by token."""
-        payload, s = self._masked(windows, present, heads)
-        return self._entry((s.softmax(dim=2) * payload).sum(dim=2))  # sum over W of (B, n, W, n_kv, d_head)
+        """Compressed entries (B, n_kv, n, d_head) of complete windows (B, n, W, d): `pool` of this branch alone."""
+        return pool([self], windows, present, heads)[0]
 
     def partial(self, windows: torch.Tensor, present: torch.Tensor | None = None, heads: slice | None = None) -> Partial:
         """Partials of windows (B, n, W, d) for the KV heads `heads` (all when None); `present` (n, W), or
@@ -301,7 +298,7 @@ class Compressor(nn.Module, ABC):
             return h.new_zeros(h.shape[0], 0, self.window, h.shape[2]), None
         x, valid = delayed(h, delay)  # (B, T, d), (1 or B, T) or None
         first = g.entry_start(0)
-        x = F.pad(x, (0, 0, max(0, -first), 0))[:, max(0, first):]  # position first + i at index i
+        x = x if first == 0 else F.pad(x, (0, 0, max(0, -first), 0))[:, max(0, first):]  # position first + i at i
         windows = tile(x, self.window, self.stride, n).transpose(2, 3)  # (B, n, W, d)
         present = None if first >= 0 else g.window_tokens(torch.arange(n, device=h.device)) >= 0  # (n, W)
         if valid is not None:
@@ -334,8 +331,8 @@ class Compressor(nn.Module, ABC):
         raw: list[list[torch.Tensor]] = [[] for _ in self.branches()]
         for delay, heads in self.head_groups(shift):
             windows, present = self.windows(h, delay)  # (B, n, W, d), (n, W), (1 or B, n, W) or None
-            for out, b in zip(raw, self.branches(), strict=True):
-                out.append(b.pool(windows, present, heads))  # (B, n_kv of the group, n, D)
+            for out, entry in zip(raw, pool(self.branches(), windows, present, heads), strict=True):
+                out.append(entry)  # (B, n_kv of the group, n, D)
         pooled = [r[0] if len(r) == 1 else torch.cat(r, 1) for r in raw]  # (B, n_kv, n, D) each
         return self.entry_kv(pooled, torch.arange(pooled[0].shape[2], device=h.device), k_norm)
 
@@ -385,6 +382,32 @@ class V4Compressor(Compressor):
         DeepseekV4{CSA,HCA}Compressor returns (stateless, no cache) as compressed KV, squeezed."""
         k, _ = self.entries(h)  # (B, 1, n, D)
         return k.squeeze(1)
+
+
+def pool(branches: list[CompressorBranch], windows: torch.Tensor, present: torch.Tensor | None = None,
+         heads: slice | None = None) -> list[torch.Tensor]:
+    """Per branch, the compressed entries (B, n_kv, n, d_head) of complete windows (B, n, W, d) for the KV heads
+    `heads` (all when None); `present` as in `CompressorBranch.partial`. The training forward: each window's
+    softmax over its offsets in one pass, and every branch's payloads and gate logits from ONE batched matmul
+    over the W offsets (the branches of a layer share their shapes); per branch equal to `finalize(partial(...))`,
+    the streaming form that a decode cache fills token by token."""
+    params = [b.head_params(heads) for b in branches]  # once each: a variant may build them from shared weights
+    W, n_kv, D, d = params[0][0].shape
+    G = 0 if params[0][1] is None else params[0][1].shape[2]  # gate logits per KV head (0: uniform averaging)
+    weight = torch.stack([p[0] if G == 0 else torch.cat(p[:2], 2) for p in params], 2)  # (W, n_kv, nb, D + G, d)
+    B, n = windows.shape[:2]
+    x = windows.permute(2, 0, 1, 3).reshape(W, B * n, d)  # offset-major (a view when the windows tile h)
+    y = torch.bmm(x, weight.flatten(1, 3).transpose(1, 2)).view(W, B, n, n_kv, len(branches), D + G)
+    c, s = y.split([D, G], -1)  # (W, B, n, n_kv, nb, D), (W, B, n, n_kv, nb, G)
+    if G == 0:
+        s = y.new_zeros(W, 1, 1, 1, 1, 1)  # uniform averaging: equal logits
+    elif params[0][2] is not None:
+        s = s + torch.stack([p[2] for p in params], 2)[:, None, None]  # bias (W, n_kv, nb, G)
+    if present is not None:
+        mask = (present if present.dim() == 3 else present[None]).permute(2, 0, 1)  # (W, 1 or B, n)
+        s = s.masked_fill(~mask[..., None, None, None], float("-inf"))
+    pooled = (s.softmax(dim=0) * c).sum(dim=0)  # (B, n, n_kv, nb, D)
+    return [b._entry(pooled[:, :, :, i]) for i, b in enumerate(branches)]
 
 
 COMPRESSORS: dict[str, type[Compressor]] = {"paper": PaperCompressor, "v4": V4Compressor}

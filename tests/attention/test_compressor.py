@@ -4,7 +4,7 @@ written as a loop, and against the streaming partials that decode uses."""
 import pytest
 import torch
 
-from phasekv.attention.compressor import layer_grid, layer_rope, make_compressor, tile
+from phasekv.attention.compressor import layer_grid, layer_rope, make_compressor, pool, tile
 from phasekv.config import ModelConfig
 
 from .variants import REPAIR_VARIANTS, V4_VARIANTS
@@ -52,7 +52,8 @@ def test_pool_is_the_papers_formula(name):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["W8/S8 · 1 KV", "W8/S4 · 2 KV · vector gates", *V4_VARIANTS, *REPAIR_VARIANTS])
+@pytest.mark.parametrize("name", ["W8/S8 · 1 KV", "W8/S4 · 2 KV · vector gates", "W8/S4 · 2 KV · uniform averaging",
+                                  *V4_VARIANTS, *REPAIR_VARIANTS])
 def test_pool_equals_streaming_partials(name):
     """One-pass softmax (training) = the partials a decode cache merges token by token, with absent offsets
     (windows reaching before position 0, staggered heads, per-sequence grid jitter)."""
@@ -61,7 +62,8 @@ def test_pool_equals_streaming_partials(name):
     for shift in (None, torch.tensor([0, 1, 3])):
         for delay, heads in comp.head_groups(shift):
             windows, present = comp.windows(h, delay)
-            for b in comp.branches():
-                torch.testing.assert_close(b.pool(windows, present, heads),  # a window with no token: NaN in both
-                                           b.finalize(b.partial(windows, present, heads)), atol=1e-5, rtol=1e-5,
-                                           equal_nan=True)
+            together = pool(comp.branches(), windows, present, heads)  # every branch from one batched matmul
+            for b, entries in zip(comp.branches(), together, strict=True):
+                streamed = b.finalize(b.partial(windows, present, heads))
+                for got in (entries, b.pool(windows, present, heads)):  # a window with no token: NaN in both
+                    torch.testing.assert_close(got, streamed, atol=1e-5, rtol=1e-5, equal_nan=True)
