@@ -78,7 +78,9 @@ class PhaseLM(nn.Module):
             x = layer(x, pos, None if cache is None else cache.layers[i], shift, short and i == len(self.layers) - 1)
         if cache is not None:
             cache.pos += T
-        x = self.norm(x[:, -1] if last else x if select is None else x[select])  # (B, d), (B, T, d) or (n, d)
+        if select is not None:  # every position labelled (text): the rows in the same order, without a gather
+            x = x.flatten(0, 1) if bool(select.all()) else x[select]  # (n, d)
+        x = self.norm(x[:, -1] if last else x)  # (B, d), (B, T, d) or (n, d)
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return x @ weight.T  # (B, V), (B, T, V) or (n, V)
 

@@ -10,13 +10,14 @@ from phasekv.train.loop import loss_sum
 
 
 @pytest.mark.parametrize("name", ["Full attention · 1 KV", "W8/S4 · 1 KV"])
-def test_loss_on_labelled_positions_equals_full_logits(name):
+@pytest.mark.parametrize("share", [0.2, 1.0])  # a few labelled positions, as in recall; all, as in text
+def test_loss_on_labelled_positions_equals_full_logits(name, share):
     torch.manual_seed(0)
     model = PhaseLM(ModelConfig.from_name(name, n_layers=1, d_model=32, n_heads=2, head_dim=16, d_ff=48,
                                           vocab_size=40))
     ids = torch.randint(0, 40, (3, 30))
     labels = torch.full_like(ids, IGNORE)
-    labels[torch.rand(ids.shape) < 0.2] = 7  # a few labelled positions, as in recall
+    labels[torch.rand(ids.shape) < share] = 7
     labels[0, -1] = 3
     keep = labels != IGNORE
     assert torch.equal(model(ids, select=keep), model(ids)[keep])
