@@ -31,7 +31,12 @@ def add_common_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def setup(args: argparse.Namespace) -> tuple[torch.device, torch.dtype]:
+    """Threads, device and dtype from the common flags; glibc's allocator tuned as the `phasekv` command and the
+    demo's workers tune it (`phasekv.runtime`), for every contender of the process alike."""
+    from phasekv.runtime import reuse_freed_memory  # after ROOT joined sys.path
+
     torch.set_num_threads(args.threads)
+    reuse_freed_memory()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but torch.cuda.is_available() is False")

@@ -26,7 +26,10 @@ def _options(
     """phasekv: find, explain and repair periodic weak spots of compressed-KV-cache language models."""
     import torch
 
+    from phasekv.runtime import reuse_freed_memory
+
     torch.set_num_threads(threads or 1)
+    reuse_freed_memory()
 
 
 def _mount() -> None:

@@ -15,6 +15,7 @@ from phasekv.eval.prompts import RetrievalPrompts
 from phasekv.eval.protocols import LOOKUP, PROTOCOLS
 from phasekv.io import write_json
 from phasekv.report.layout import Layout
+from phasekv.runtime import reuse_freed_memory
 
 # A stage imports the room it runs (training, statistics, analyses, theory) when it runs, in its worker:
 # every `phasekv` command imports this module (through `phasekv.demo`), and stays quick to start.
@@ -22,6 +23,7 @@ from phasekv.report.layout import Layout
 
 def _setup() -> None:
     torch.set_num_threads(1)  # two shared cores: one thread per worker process
+    reuse_freed_memory()  # a spawned worker starts with glibc's defaults
     warnings.filterwarnings("ignore", message="per-group N=")  # the sampled design is chosen on purpose
 
 
