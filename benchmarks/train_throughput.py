@@ -2,8 +2,10 @@
 plain reference model of the same shape (`reference_model.ReferenceLM`), at the `tiny` and `small` presets,
 measured interleaved in one run; ratio = step time / the reference's (goal <= 1.0).
 
-The step is the training loop's own (`phasekv.train.loop.loss_sum` + AdamW); batches are random tokens of
-the preset's vocabulary (throughput does not depend on the data).
+The step is the training loop's own (`phasekv.train.loop.loss_sum`, backward, the optimizer of
+`phasekv.train.build.build_optimizer`: fused AdamW); the reference's is a plain script's (`torch.optim.AdamW`,
+its default per-tensor loop on CPU). Batches are random tokens of the preset's vocabulary (throughput does not
+depend on the data).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from common import add_common_args, fmt_t, header, interleaved, setup
 from reference_model import ReferenceLM
 
 from phasekv import ModelConfig, PhaseLM
+from phasekv.train.build import build_optimizer
+from phasekv.train.config import TrainConfig
 from phasekv.train.loop import loss_sum
 
 SHAPES = {"tiny": (64, 96), "small": (8, 512)}  # preset: (batch, seq_len); tiny = the train defaults
@@ -25,14 +29,15 @@ REFERENCE = "reference (plain PyTorch)"
 
 def make_step(arch: str, preset: str, batch: int, seq_len: int, device, autocast: bool):
     torch.manual_seed(0)
-    cfg = ModelConfig.from_name("Full attention · 1 KV" if arch == REFERENCE else arch, preset=preset)
-    model = (ReferenceLM(cfg) if arch == REFERENCE else PhaseLM(cfg)).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    plain = arch == REFERENCE
+    cfg = ModelConfig.from_name("Full attention · 1 KV" if plain else arch, preset=preset)
+    model = (ReferenceLM(cfg) if plain else PhaseLM(cfg)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4) if plain else build_optimizer(model, TrainConfig(), device)
     g = torch.Generator(device="cpu").manual_seed(1)
     ids = torch.randint(0, model.config.vocab_size, (batch, seq_len + 1), generator=g).to(device)
 
     def step():
-        if arch == REFERENCE:  # a plain training script's loss: logits everywhere (random tokens: all labelled)
+        if plain:  # a plain training script's loss: logits everywhere (random tokens: all labelled)
             loss = F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten(), reduction="sum")
         else:
             loss = loss_sum(model, ids[:, :-1], ids[:, 1:], autocast)
