@@ -103,16 +103,10 @@ class CompressorBranch(nn.Module, ABC):
 
     def project(self, windows: torch.Tensor, heads: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Payloads C_i h (B, n, W, n_kv, d_head) and gate logits s (B, n, W, n_kv, G) of windows (B, n, W, d) for
-        the KV heads `heads` (all when None), both from one product (one batched matmul, not two, the gate's with
-        G = 1 columns); zero logits for uniform averaging."""
-        payload, gate, bias = self.head_params(heads)  # once: a variant may build them from shared weights
-        if gate is None:
-            B, n, W, _ = windows.shape
-            c = torch.einsum("bnwd,wkcd->bnwkc", windows, payload)  # (B, n, W, n_kv, d_head)
-            return c, windows.new_zeros(B, n, W, payload.shape[1], 1)
-        both = torch.einsum("bnwd,wkcd->bnwkc", windows, torch.cat([payload, gate], 2))  # (B, n, W, n_kv, d_head + G)
-        c, s = both.split([payload.shape[2], gate.shape[2]], -1)
-        return c, (s if bias is None else s + bias)
+        the KV heads `heads` (all when None): `project_windows` of this branch alone; zero logits for uniform
+        averaging."""
+        c, s = (t[..., 0, :].movedim(0, 2) for t in project_windows([self], windows, None, heads))
+        return c, s
 
     def logits(self, windows: torch.Tensor, heads: slice | None = None) -> torch.Tensor:
         """Gate logits s (B, n, W, n_kv, G) of windows (B, n, W, d) for the KV heads `heads` (all when None); zeros
@@ -124,15 +118,6 @@ class CompressorBranch(nn.Module, ABC):
         complete window."""
         return self.logits(windows, heads).softmax(dim=2)
 
-    def _masked(self, windows: torch.Tensor, present: torch.Tensor | None,
-                heads: slice | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`project`'s payloads and gate logits, logits -inf at the offsets `present` marks absent."""
-        payload, s = self.project(windows, heads)  # (B, n, W, n_kv, d_head), (B, n, W, n_kv, G)
-        if present is not None:
-            mask = present if present.dim() == 3 else present[None]  # (1 or B, n, W)
-            s = s.masked_fill(~mask[:, :, :, None, None], float("-inf"))
-        return payload, s
-
     def pool(self, windows: torch.Tensor, present: torch.Tensor | None = None,
              heads: slice | None = None) -> torch.Tensor:
         """Compressed entries (B, n_kv, n, d_head) of complete windows (B, n, W, d): `pool` of this branch alone."""
@@ -141,11 +126,11 @@ class CompressorBranch(nn.Module, ABC):
     def partial(self, windows: torch.Tensor, present: torch.Tensor | None = None, heads: slice | None = None) -> Partial:
         """Partials of windows (B, n, W, d) for the KV heads `heads` (all when None); `present` (n, W), or
         (1 or B, n, W) per sequence, marks the offsets whose tokens are given."""
-        payload, s = self._masked(windows, present, heads)  # (B, n, W, n_kv, d_head), (B, n, W, n_kv, G)
-        m = s.amax(dim=2)  # (B, n, n_kv, G)
+        c, s = (t[..., 0, :] for t in project_windows([self], windows, present, heads))  # (W, B, n, n_kv, D or G)
+        m = s.amax(dim=0)  # (B, n, n_kv, G)
         m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-        e = (s - m_safe[:, :, None]).exp()  # (B, n, W, n_kv, G), 0 at absent offsets
-        return Partial(m, e.sum(dim=2), (e * payload).sum(dim=2))
+        e = (s - m_safe).exp()  # (W, B, n, n_kv, G), 0 at absent offsets
+        return Partial(m, e.sum(dim=0), (e * c).sum(dim=0))
 
     def token_partial(self, h: torch.Tensor, offsets: torch.Tensor, heads: slice | None = None) -> Partial:
         """Partials of one token h (B, d) sitting at `offsets` (n_w,) of n_w windows, for the KV heads `heads`
@@ -384,13 +369,12 @@ class V4Compressor(Compressor):
         return k.squeeze(1)
 
 
-def pool(branches: list[CompressorBranch], windows: torch.Tensor, present: torch.Tensor | None = None,
-         heads: slice | None = None) -> list[torch.Tensor]:
-    """Per branch, the compressed entries (B, n_kv, n, d_head) of complete windows (B, n, W, d) for the KV heads
-    `heads` (all when None); `present` as in `CompressorBranch.partial`. The training forward: each window's
-    softmax over its offsets in one pass, and every branch's payloads and gate logits from ONE batched matmul
-    over the W offsets (the branches of a layer share their shapes); per branch equal to `finalize(partial(...))`,
-    the streaming form that a decode cache fills token by token."""
+def project_windows(branches: list[CompressorBranch], windows: torch.Tensor, present: torch.Tensor | None = None,
+                    heads: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Payloads c (W, B, n, n_kv, nb, d_head) and gate logits s (W, B, n, n_kv, nb, G) of complete windows
+    (B, n, W, d), offsets first, for the KV heads `heads` (all when None) of every branch (a layer's branches share
+    their shapes), from ONE batched matmul over the W offsets; logits 0 for uniform averaging (G = 1) and -inf at
+    the offsets `present` ((n, W), or (1 or B, n, W) per sequence) marks absent."""
     params = [b.head_params(heads) for b in branches]  # once each: a variant may build them from shared weights
     W, n_kv, D, d = params[0][0].shape
     G = 0 if params[0][1] is None else params[0][1].shape[2]  # gate logits per KV head (0: uniform averaging)
@@ -400,12 +384,22 @@ def pool(branches: list[CompressorBranch], windows: torch.Tensor, present: torch
     y = torch.bmm(x, weight.flatten(1, 3).transpose(1, 2)).view(W, B, n, n_kv, len(branches), D + G)
     c, s = y.split([D, G], -1)  # (W, B, n, n_kv, nb, D), (W, B, n, n_kv, nb, G)
     if G == 0:
-        s = y.new_zeros(W, 1, 1, 1, 1, 1)  # uniform averaging: equal logits
+        s = y.new_zeros(()).expand(W, B, n, n_kv, len(branches), 1)  # uniform averaging: equal logits
     elif params[0][2] is not None:
         s = s + torch.stack([p[2] for p in params], 2)[:, None, None]  # bias (W, n_kv, nb, G)
     if present is not None:
         mask = (present if present.dim() == 3 else present[None]).permute(2, 0, 1)  # (W, 1 or B, n)
         s = s.masked_fill(~mask[..., None, None, None], float("-inf"))
+    return c, s
+
+
+def pool(branches: list[CompressorBranch], windows: torch.Tensor, present: torch.Tensor | None = None,
+         heads: slice | None = None) -> list[torch.Tensor]:
+    """Per branch, the compressed entries (B, n_kv, n, d_head) of complete windows (B, n, W, d) for the KV heads
+    `heads` (all when None); `present` as in `project_windows`. The training forward: each window's softmax over
+    its offsets in one pass over every branch's `project_windows`; per branch equal to `finalize(partial(...))`,
+    the streaming form that a decode cache fills token by token."""
+    c, s = project_windows(branches, windows, present, heads)
     pooled = (s.softmax(dim=0) * c).sum(dim=0)  # (B, n, n_kv, nb, D)
     return [b._entry(pooled[:, :, :, i]) for i, b in enumerate(branches)]
 

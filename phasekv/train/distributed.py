@@ -90,8 +90,9 @@ def wrap(model: PhaseLM, cfg: TrainConfig, dist: Dist, device: torch.device) -> 
 def match_grad_strides(model: torch.nn.Module) -> None:
     """Give every gradient its parameter's strides. DDP copies a gradient into its bucket through a view with
     the parameter's strides and warns on every step ("Grad strides do not match bucket view strides") when they
-    differ, which autograd allows on dims of size 1: the compressor's gate weights (W, 1 KV head, 1, d) get
-    strides (d, 1, 1, 1) from einsum's backward against the parameter's (d, d, d, 1). Same values, one small copy."""
+    differ, which autograd allows on dims of size 1: the compressor's gate weights (W, 1 KV head, 1, d) can get
+    strides such as (d, 1, 1, 1) from its batched matmul's backward against the parameter's (d, d, d, 1). Same
+    values, one small copy."""
     for p in model.parameters():
         if p.requires_grad and 1 in p.shape:
             p.register_hook(partial(_restride, p.shape, p.stride()))
