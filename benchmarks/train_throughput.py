@@ -15,7 +15,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from common import add_common_args, fmt_t, header, interleaved, setup
+from common import add_common_args, fmt_t, goal_verdict, header, interleaved, paired_ratio, setup
 from reference_model import ReferenceLM
 
 from phasekv import ModelConfig, PhaseLM
@@ -24,6 +24,7 @@ from phasekv.train.config import TrainConfig
 from phasekv.train.loop import loss_sum
 
 SHAPES = {"tiny": (64, 96), "small": (8, 512)}  # preset: (batch, seq_len); tiny = the train defaults
+GOAL = 1.0  # step time / the reference's, at most (issue 20)
 REFERENCE = "reference (plain PyTorch)"
 
 
@@ -50,13 +51,13 @@ def make_step(arch: str, preset: str, batch: int, seq_len: int, device, autocast
 
 def main(argv: list[str] | None = None) -> None:
     p = add_common_args(argparse.ArgumentParser(description=__doc__))
-    p.add_argument("--reps", type=int, default=10, help="timed steps per model")
+    p.add_argument("--reps", type=int, default=30, help="timed steps per model (turns of the round-robin)")
     p.add_argument("--presets", default="tiny,small")
     args = p.parse_args(argv)
     device, _ = setup(args)
     header("training step: full attention and W8/S8 · 1 KV vs a plain reference model of the same shape", args,
            "one optimizer step = forward + backward + AdamW; median of interleaved steps (CPU time of the one "
-           "thread on CPU); ratio = step time / reference's (goal <= 1.0)")
+           "thread on CPU); ratio = step time / reference's with a bootstrap interval over turns (goal <= 1.0)")
     autocast = device.type == "cuda" and args.dtype == "bf16"
     archs = [REFERENCE, "Full attention · 1 KV", "W8/S8 · 1 KV"]
     for preset in args.presets.split(","):
@@ -65,9 +66,13 @@ def main(argv: list[str] | None = None) -> None:
         single_cpu = device.type == "cpu" and torch.get_num_threads() == 1  # CPU time: robust to a busy machine
         t = interleaved(steps, args.reps, device, clock=time.thread_time if single_cpu else time.perf_counter)
         for a in archs:
-            print(f"{preset:6s} {a:26s} batch {B} x {T}: {fmt_t(t[a].median)}/step (best {fmt_t(t[a].best)})  "
-                  f"{B * T / t[a].median:10,.0f} tokens/s  {t[a].median / t[REFERENCE].median:.2f}x reference",
-                  flush=True)
+            line = (f"{preset:6s} {a:26s} batch {B} x {T}: {fmt_t(t[a].median)}/step (best {fmt_t(t[a].best)})  "
+                    f"{B * T / t[a].median:10,.0f} tokens/s")
+            if a != REFERENCE:
+                ratio, lo, hi = paired_ratio(t[a], t[REFERENCE])
+                line += f"  {ratio:.3f}x reference (95% interval {lo:.3f}-{hi:.3f}; goal <= {GOAL}: " \
+                        f"{goal_verdict(lo, hi, GOAL)})"
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 
@@ -79,29 +78,11 @@ def wrap(model: PhaseLM, cfg: TrainConfig, dist: Dist, device: torch.device) -> 
             fully_shard(layer)
         fully_shard(model)
     elif dist.world > 1:
-        match_grad_strides(model)
         wrapped = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
     if cfg.compile:
         wrapped = torch.compile(wrapped)
     return wrapped
-
-
-def match_grad_strides(model: torch.nn.Module) -> None:
-    """Give every gradient its parameter's strides. DDP copies a gradient into its bucket through a view with
-    the parameter's strides and warns on every step ("Grad strides do not match bucket view strides") when they
-    differ, which autograd allows on dims of size 1: the compressor's gate weights (W, 1 KV head, 1, d) can get
-    strides such as (d, 1, 1, 1) from its batched matmul's backward against the parameter's (d, d, d, 1). Same
-    values, one small copy."""
-    for p in model.parameters():
-        if p.requires_grad and 1 in p.shape:
-            p.register_hook(partial(_restride, p.shape, p.stride()))
-
-
-def _restride(shape: torch.Size, stride: tuple[int, ...], grad: torch.Tensor) -> torch.Tensor:
-    if grad.stride() == stride:
-        return grad
-    return torch.empty_strided(shape, stride, dtype=grad.dtype, device=grad.device).copy_(grad)
 
 
 def no_sync(wrapped: torch.nn.Module, cfg: TrainConfig, dist: Dist, last_micro_step: bool):

@@ -57,3 +57,23 @@ def test_interleaved_bursts_leave_out_each_turns_cold_first_step():
     single = interleaved(fns, reps=3, device=torch.device("cpu"), warmup=0, clock=lambda: now[0])
     bursts = interleaved(fns, reps=3, device=torch.device("cpu"), warmup=0, clock=lambda: now[0], burst=4)
     assert single["a"].median == 10.0 and bursts["a"].median == bursts["b"].best == 1.0
+
+
+def test_paired_ratio_sees_through_load_shared_by_a_turn():
+    """Turn-level load that multiplies both contenders' times (a busy neighbour) leaves each turn's ratio alone:
+    the interval holds the true 1.05 and excludes 1.0, though the two medians alone swing by 2x."""
+    sys.path.insert(0, str(BENCH))
+    import numpy as np
+    from common import Timing, goal_verdict, paired_ratio
+
+    rng = np.random.default_rng(1)
+    load = rng.uniform(1.0, 2.0, 40)  # (turns,) shared by both calls of a turn
+    ref = 0.1 * load * rng.normal(1.0, 0.01, 40)
+    a = 0.105 * load * rng.normal(1.0, 0.01, 40)
+    timing = lambda v: Timing(float(np.median(v)), float(v.min()), tuple(v))  # noqa: E731
+    ratio, lo, hi = paired_ratio(timing(a), timing(ref))
+    assert lo < 1.05 < hi and lo > 1.0 and abs(ratio - 1.05) < 0.01
+    assert goal_verdict(lo, hi, 1.0) == "missed" and goal_verdict(lo, hi, 1.1) == "met"
+    assert goal_verdict(0.98, 1.02, 1.0) == "undecided"
+    with pytest.raises(ValueError, match="equally many"):
+        paired_ratio(timing(a), timing(ref[:-1]))

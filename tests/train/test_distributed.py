@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+from phasekv import ModelConfig, PhaseLM
 from phasekv.train import train
 
 from .helpers import FAST, ROOT, cli_args, env, final_weights
@@ -38,7 +39,7 @@ def test_two_gloo_ranks_match_single_process(tmp_path, fsdp):
     multi = tmp_path / "multi"
     r = torchrun(2, *cli_args({**opts, "out": multi, "fsdp": fsdp}))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "Grad strides do not match" not in r.stderr  # the gate weights' size-1 dims (match_grad_strides)
+    assert "Grad strides do not match" not in r.stderr  # see test_gradients_keep_their_parameters_strides
     assert (r.stdout + r.stderr).count("final loss") == 1  # one summary, from rank 0
     a, b = final_weights(single), final_weights(multi)
     assert a.keys() == b.keys()
@@ -53,3 +54,16 @@ def test_two_gloo_ranks_match_single_process(tmp_path, fsdp):
     # only rank 0 wrote: one metrics row per step, one gate row per (layer, branch)
     assert len(lb) == 4
     assert len((multi / "gates.jsonl").read_text().splitlines()) == 2 * 2
+
+
+@pytest.mark.parametrize("name", ["W8/S8 · 1 KV", "W8/S4 · 2 KV · vector gates", "W8/S8 · 2 KV · staggered heads",
+                                  "W8/S8 · 1 KV · tied K/V", "W8/S8 · 1 KV · uniform averaging",
+                                  "W8/S8 · 1 KV · shared payload", "W16/S8 · 1 KV · V4 compressor"])
+def test_gradients_keep_their_parameters_strides(name):
+    """DDP copies each gradient into its bucket through a view with the parameter's strides and warns on every
+    step when they differ (autograd allows any stride on a dim of size 1, as in the gate weights (W, 1, 1, d)):
+    every gradient, the compressor's included, comes with its parameter's own strides."""
+    torch.manual_seed(0)
+    model = PhaseLM(ModelConfig.from_name(name, preset="tiny"))
+    model(torch.randint(0, model.config.vocab_size, (2, 40))).sum().backward()
+    assert [n for n, p in model.named_parameters() if p.grad is not None and p.grad.stride() != p.stride()] == []
