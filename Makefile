@@ -21,6 +21,7 @@ $(BIN)/phasekv: pyproject.toml
 	$(BIN)/pip install -q --no-compile $(TORCH_SPEC)
 	$(BIN)/pip install -q --no-compile -e .
 	$(COMPILE)
+	$(BIN)/python -m phasekv.kernels  # the fused CPU kernels, built once (~25 s; without a compiler: the references)
 	touch $(BIN)/phasekv
 
 # the test and lint tools (pyproject's dev extras)

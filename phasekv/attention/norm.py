@@ -5,9 +5,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from phasekv import kernels
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / rms(x) over the last dim (in fp32), times weight (broadcast against x)."""
+    """x / rms(x) over the last dim (in fp32), times weight (broadcast against x): the fused CPU kernel where it
+    applies (`phasekv.kernels.fuses_rms_norm`: float32 on CPU, one weight per channel), else the reference."""
+    if kernels.fuses_rms_norm(x, weight):
+        return kernels.rms_norm(x, weight, eps)
+    return reference_rms_norm(x, weight, eps)
+
+
+def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The definition: x / rms(x) over the last dim (in fp32), times weight (broadcast against x)."""
     dtype = x.dtype
     x = x.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
