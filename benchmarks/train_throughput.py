@@ -1,6 +1,7 @@
 """Training step: one optimizer step (forward, backward, AdamW) of full attention and W8/S8 · 1 KV against a
 plain reference model of the same shape (`reference_model.ReferenceLM`), at the `tiny` and `small` presets,
-measured interleaved in one run; ratio = step time / the reference's (goal <= 1.0).
+measured interleaved in one run; ratio = step time / the reference's, paired by turn, with its interval
+(goal <= 1.0).
 
 The step is the training loop's own (`phasekv.train.loop.loss_sum`, backward, the optimizer of
 `phasekv.train.build.build_optimizer`: fused AdamW); the reference's is a plain script's (`torch.optim.AdamW`,
@@ -57,7 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     device, _ = setup(args)
     header("training step: full attention and W8/S8 · 1 KV vs a plain reference model of the same shape", args,
            "one optimizer step = forward + backward + AdamW; median of interleaved steps (CPU time of the one "
-           "thread on CPU); ratio = step time / reference's with a bootstrap interval over turns (goal <= 1.0)")
+           "thread on CPU); ratio = the median over turns of a step's time / the reference's in the same turn, with "
+           "its 95% bootstrap interval (goal <= 1.0)")
     autocast = device.type == "cuda" and args.dtype == "bf16"
     archs = [REFERENCE, "Full attention · 1 KV", "W8/S8 · 1 KV"]
     for preset in args.presets.split(","):
