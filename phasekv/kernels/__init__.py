@@ -3,7 +3,7 @@
 PyTorch reference.
 
 - `rms_norm`: RMSNorm over the last dim in one pass forward and one backward, where PyTorch's eager ops make
-  ~13: 4x faster at the tiny model's shapes, ~10% of its training step (benchmarks/RESULTS.md).
+  ~13: 4x faster at the tiny model's shapes, 5-7% of its training step (benchmarks/RESULTS.md).
 
 Where one cannot be built (no C++ compiler or ninja) or with PHASEKV_KERNELS=0, callers run the references (the
 same results to float rounding); the reason is said once on stderr. The bottom layer: imports torch only.
