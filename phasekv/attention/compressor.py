@@ -34,6 +34,7 @@ from phasekv.attention.norm import RMSNorm
 from phasekv.attention.positions import Grid
 from phasekv.attention.rope import Rope
 from phasekv.config import ModelConfig
+from phasekv.config.model import COMPRESSORS as COMPRESSOR_NAMES
 
 OffsetParams = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 GATE_BIAS_NAMES = ("gate_bias", "position_bias")  # the variants' gate-bias parameters (biases: no weight decay)
@@ -404,7 +405,9 @@ def pool(branches: list[CompressorBranch], windows: torch.Tensor, present: torch
     return [b._entry(pooled[:, :, :, i]) for i, b in enumerate(branches)]
 
 
-COMPRESSORS: dict[str, type[Compressor]] = {"paper": PaperCompressor, "v4": V4Compressor}
+# the class of each name in config's COMPRESSORS, in its order: a name there without a class here (or the
+# reverse) fails at import
+COMPRESSORS: dict[str, type[Compressor]] = dict(zip(COMPRESSOR_NAMES, (PaperCompressor, V4Compressor), strict=True))
 
 
 def head_delays(cfg: ModelConfig) -> tuple[int, ...]:

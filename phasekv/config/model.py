@@ -11,7 +11,7 @@ from phasekv.errors import ConfigError
 
 CONFIG_VERSION = 1
 GATES = ("scalar", "vector", "uniform")
-COMPRESSORS = ("paper", "v4")
+COMPRESSORS = ("paper", "v4")  # the compressor variants' names: the one list (attention.compressor keys its classes by it)
 COMPRESSION_FIELDS = ("gate", "tied_kv", "gate_bias", "local_window", "post_norm", "stagger", "coverage_reg",
                       "compressor", "attention_sink", "shared_payload", "head_stagger", "grid_jitter")  # attributes full attention does not have
 

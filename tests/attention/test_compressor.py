@@ -4,8 +4,10 @@ written as a loop, and against the streaming partials that decode uses."""
 import pytest
 import torch
 
-from phasekv.attention.compressor import layer_grid, layer_rope, make_compressor, pool, tile
+from phasekv.attention.compressor import COMPRESSORS, layer_grid, layer_rope, make_compressor, pool, tile
 from phasekv.config import ModelConfig
+from phasekv.config import model as config_model
+from phasekv.errors import ConfigError
 
 from .variants import REPAIR_VARIANTS, V4_VARIANTS
 
@@ -67,3 +69,13 @@ def test_pool_equals_streaming_partials(name):
                 streamed = b.finalize(b.partial(windows, present, heads))
                 for got in (entries, b.pool(windows, present, heads)):  # a window with no token: NaN in both
                     torch.testing.assert_close(got, streamed, atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
+def test_compressor_names_have_one_source(monkeypatch):
+    """config's COMPRESSORS is the one list of names: the attention registry is keyed by it (in its order), and
+    config validation reads it when it runs, so a name added there is a valid `compressor` with no second list."""
+    assert tuple(COMPRESSORS) == config_model.COMPRESSORS
+    with pytest.raises(ConfigError, match="compressor='toy'"):
+        ModelConfig.from_name("W8/S8 · 1 KV", compressor="toy")
+    monkeypatch.setattr(config_model, "COMPRESSORS", (*config_model.COMPRESSORS, "toy"))
+    assert ModelConfig.from_name("W8/S8 · 1 KV", compressor="toy").compressor == "toy"
