@@ -149,8 +149,10 @@ class CompressorBranch(nn.Module, ABC):
         return Partial(s, torch.ones_like(s), payload)
 
     def finalize(self, p: Partial) -> torch.Tensor:
-        """Compressed entries (B, n_kv, n, d_head) from the partials of complete windows."""
-        return self._entry(p.acc / p.z)  # (B, n, n_kv, d_head)
+        """Compressed entries (B, n_kv, n, d_head) from the partials of complete windows; a window with no present
+        token (z = 0, acc = 0) gives an explicit zero entry, not 0/0 (z >= 1 once any token is seen: its max's
+        term is exp(0), so the clamp changes nothing else)."""
+        return self._entry(p.acc / p.z.clamp(min=1.0))  # (B, n, n_kv, d_head)
 
     def _entry(self, entry: torch.Tensor) -> torch.Tensor:
         """Pooled windows (B, n, n_kv, d_head) -> entries (B, n_kv, n, d_head), post-normed where the variant is."""
@@ -399,9 +401,14 @@ def pool(branches: list[CompressorBranch], windows: torch.Tensor, present: torch
     """Per branch, the compressed entries (B, n_kv, n, d_head) of complete windows (B, n, W, d) for the KV heads
     `heads` (all when None); `present` as in `project_windows`. The training forward: each window's softmax over
     its offsets in one pass over every branch's `project_windows`; per branch equal to `finalize(partial(...))`,
-    the streaming form that a decode cache fills token by token."""
+    the streaming form that a decode cache fills token by token. A window with no present token (wholly before
+    position 0: grid jitter with staggered heads) has no weights and an explicit zero entry."""
     c, s = project_windows(branches, windows, present, heads)
-    pooled = (s.softmax(dim=0) * c).sum(dim=0)  # (B, n, n_kv, nb, D)
+    alpha = s.softmax(dim=0)  # (W, B, n, n_kv, nb, G); NaN (softmax over -inf alone) where no token is present
+    if present is not None:
+        empty = ~(present if present.dim() == 3 else present[None]).any(-1)  # (1 or B, n)
+        alpha = alpha.masked_fill(empty[None, :, :, None, None, None], 0.0)
+    pooled = (alpha * c).sum(dim=0)  # (B, n, n_kv, nb, D)
     return [b._entry(pooled[:, :, :, i]) for i, b in enumerate(branches)]
 
 
