@@ -82,10 +82,20 @@ def _tokenizer_for(model_dir: Path, vocab_size: int):
     raise CheckpointError(f"{model_dir}: no tokenizer.json beside the weights")
 
 
+# files of which a directory needs one to hold a tokenizer transformers can load (fast, sentencepiece, BPE, WordPiece)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model", "sentencepiece.bpe.model")
+
+
 def _open_hf(path: Path, device, trust_remote_code: bool, tokenizer, hf_tokenizer: bool):
     """(transformers model, tokenizer) of a Hugging Face directory: local safetensors only, never pickle."""
     from transformers import AutoModelForCausalLM, AutoTokenizer  # slow import: only when an HF dir is opened
 
+    source = Path(tokenizer or path)
+    if source.is_dir() and not any((source / f).is_file() for f in TOKENIZER_FILES):
+        # transformers would build an empty tokenizer here, and every word would then fail as "not one token"
+        raise CheckpointError(f"{source}: no tokenizer in this directory (none of {', '.join(TOKENIZER_FILES)}); "
+                              "give the model's tokenizer with --tokenizer FILE_OR_DIR")
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True,
                                                      trust_remote_code=trust_remote_code)

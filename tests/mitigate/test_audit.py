@@ -65,3 +65,24 @@ def test_verdict_word_in_audit_json(tmp_path, tok, max_gap, word):
     v = json.loads((tmp_path / "audit.json").read_text())
     assert v["verdict"] == word and v["retrieves"] and v["ratios"][0]["ratio"] == 4
     assert v["ratios"][0]["phase_profile"] == [100, 100, 100, 0]
+
+
+def test_hf_dir_without_tokenizer_says_so(tmp_path, tok):
+    """A `save_pretrained` of a model alone: the audit names the missing tokenizer and --tokenizer in one line
+    (not "0 of 191 key words are single tokens"); with --tokenizer the same directory opens."""
+    from phasekv.data.tokenizer import to_hf
+    from phasekv.errors import CheckpointError
+    from phasekv.eval.models import load
+
+    PhaseLM(ModelConfig.from_name("full-1kv", preset="tiny", vocab_size=tok.vocab_size)).to_hf().save_pretrained(
+        tmp_path / "hf")
+    app = typer.Typer()
+    mitigate_cli.register(app)
+    r = CliRunner().invoke(app, ["audit", "--model", str(tmp_path / "hf"), "--out", str(tmp_path / "a")])
+    assert isinstance(r.exception, CheckpointError), r.output
+    msg = str(r.exception)
+    assert "\n" not in msg and "no tokenizer" in msg and "--tokenizer" in msg and str(tmp_path / "hf") in msg
+    assert not (tmp_path / "a" / "audit.json").exists()
+    to_hf(build_word_tokenizer()).save_pretrained(tmp_path / "tok")
+    em = load(tmp_path / "hf", tokenizer=tmp_path / "tok")
+    assert em.kind == "hf" and em.tok.word_id("cat") is not None
