@@ -14,6 +14,17 @@ GATES = ("scalar", "vector", "uniform")
 COMPRESSORS = ("paper", "v4")  # the compressor variants' names: the one list (attention.compressor keys its classes by it)
 COMPRESSION_FIELDS = ("gate", "tied_kv", "gate_bias", "local_window", "post_norm", "stagger", "coverage_reg",
                       "compressor", "attention_sink", "shared_payload", "head_stagger", "grid_jitter")  # attributes full attention does not have
+FAMILIES = ("nsa", "moba", "beacon")  # the grid family's designs: the one list (attention.family keys its classes by it)
+FAMILY_FIELDS = {  # the fields each design uses (all >= 1, except the flag); every other family field stays at its default
+    "nsa": ("block", "block_stride", "select_block", "top_k", "sliding_window", "forced_blocks"),
+    "moba": ("block", "top_k"),
+    "beacon": ("beacon_ratio", "beacon_window"),
+}
+FAMILY_GRIDS = {  # each design's grid periods: {name in its paper: field}; the strides its periodicity tests use
+    "nsa": {"d": "block_stride", "l'": "select_block"},
+    "moba": {"B": "block"},
+    "beacon": {"r": "beacon_ratio", "w": "beacon_window"},
+}
 
 # Backbones. Compression attributes and the KV-head count come from the model name, not the preset.
 PRESETS: dict[str, dict] = {
@@ -99,6 +110,11 @@ def _typed(key: str, raw, source: str):
     raise ConfigError(f"{source}: {key}={raw!r} is not a valid {kind.removesuffix(' | None')}")
 
 
+def _family_fields() -> tuple[str, ...]:
+    """Every design's fields, once each, in declaration order."""
+    return tuple(dict.fromkeys(f for fields in FAMILY_FIELDS.values() for f in fields))
+
+
 @dataclass
 class ModelConfig:
     # --- backbone (Qwen3 shape) ---
@@ -134,6 +150,16 @@ class ModelConfig:
     head_stagger: bool = False  # staggered heads: KV head h's windows start (h S) // n_kv tokens earlier than the
     #                             layer's grid (entries still become visible on the layer's schedule)
     grid_jitter: bool = False  # training only: every sequence's windows start a random 0..S-1 tokens earlier
+    # --- the grid family beyond the study (family = None: full attention or the study's compressors) ---
+    family: str | None = None  # None | nsa (Native Sparse Attention) | moba (Mixture of Block Attention) | beacon
+    block: int = 0  # NSA: compressed block l; MoBA: block B (tokens per block, from position 0)
+    block_stride: int = 0  # NSA: compression stride d (a compressed block every d tokens; d divides l)
+    select_block: int = 0  # NSA: selection block l'
+    top_k: int = 0  # NSA: selected blocks n; MoBA: blocks each query attends to (its own block counted)
+    sliding_window: int = 0  # NSA: exact recent tokens w of the sliding branch
+    forced_blocks: bool = False  # NSA: the initial and two local selection blocks always selected (counted in n)
+    beacon_ratio: int = 0  # Activation Beacon: r, one beacon token after every r raw tokens
+    beacon_window: int = 0  # Activation Beacon: w, raw tokens per window (their KV leaves the cache when it completes)
     seed: int = 42  # part of the model's name (the study's seeds 42-45)
 
     def __post_init__(self) -> None:
@@ -146,6 +172,14 @@ class ModelConfig:
     @property
     def compressed(self) -> bool:
         return self.window > 0
+
+    @property
+    def grids(self) -> dict[str, int]:
+        """The grid periods a periodicity test checks: {"S": stride} for a compressor, a family design's own
+        ({"B": 16} for MoBA B16), {} for full attention."""
+        if self.family is not None:
+            return {name: getattr(self, f) for name, f in FAMILY_GRIDS[self.family].items()}
+        return {"S": self.stride} if self.compressed else {}
 
     @property
     def rope_rotary_dims(self) -> int:
@@ -200,9 +234,11 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def full_attention(self) -> ModelConfig:
-        """Full attention on the same backbone, KV heads and seed (every compression attribute at its default)."""
+        """Full attention on the same backbone, KV heads and seed (every compression and family attribute at its
+        default)."""
         defaults = ModelConfig.__dataclass_fields__
-        return self.replace(window=0, stride=0, **{f: defaults[f].default for f in COMPRESSION_FIELDS})
+        fields = COMPRESSION_FIELDS + ("family",) + _family_fields()
+        return self.replace(window=0, stride=0, **{f: defaults[f].default for f in fields})
 
     def to_dict(self) -> dict:
         return {"config_version": CONFIG_VERSION, "name": self.name, **dataclasses.asdict(self)}
@@ -249,6 +285,7 @@ class ModelConfig:
             bad("head_dim", "must be even for RoPE on all dims")
         if self.window < 0:
             bad("window", "must be >= 0 (0 = full attention)")
+        self._validate_family(bad)
         if not self.compressed:
             if self.stride:
                 bad("stride", "must be 0 for full attention (window=0)")
@@ -283,6 +320,34 @@ class ModelConfig:
         if self.grid_jitter and self.local_window is None:
             bad("grid_jitter", "a jittered window's entry is visible up to S - 1 tokens after it ends: "
                 "it needs a local window to cover them")
+
+    def _validate_family(self, bad) -> None:
+        """A family design uses its own fields (each >= 1) and none of the study's compression attributes."""
+        if self.family is not None and self.family not in FAMILIES:
+            bad("family", f"must be one of {', '.join(FAMILIES)} (or None)")
+        own = FAMILY_FIELDS.get(self.family, ())
+        defaults = ModelConfig.__dataclass_fields__
+        for f in _family_fields():
+            v = getattr(self, f)
+            if f not in own:
+                if v != defaults[f].default:
+                    bad(f, f"is not an attribute of {self.family or 'a model outside the family'}")
+            elif not isinstance(v, bool) and (not isinstance(v, int) or v < 1):
+                bad(f, "must be a positive integer")
+        if self.family is None:
+            return
+        if self.window:
+            bad("window", f"a {self.family} model has no study compressor: window must be 0")
+        for f in COMPRESSION_FIELDS:
+            if getattr(self, f) != defaults[f].default:
+                bad(f, f"is a study compression attribute; a {self.family} model has none")
+        if self.family == "nsa":
+            if self.block_stride > self.block or self.block % self.block_stride:
+                bad("block_stride", f"must divide the compressed block l={self.block}")
+            if self.forced_blocks and self.top_k < 3:
+                bad("top_k", "forced blocks (initial + 2 local) count in the top n: it must be >= 3")
+        if self.family == "beacon" and self.beacon_window % self.beacon_ratio:
+            bad("beacon_window", f"must be a multiple of the beacon ratio r={self.beacon_ratio}")
 
     def _validate_v4(self, bad) -> None:
         """DeepSeek-V4's compressor: W = S (HCA) or W = 2S (CSA); per-channel gates, K = V, kv_norm are its own."""

@@ -21,6 +21,7 @@ V4 = {"compressor": "v4", "gate": "vector", "tied_kv": True, "post_norm": True} 
 
 # attribute: (paper words, ascii token, fields it sets). Order here is the order names print in.
 ATTRIBUTES: list[tuple[str, str, dict]] = [
+    ("forced blocks", "forced", {"forced_blocks": True}),  # NSA: initial + 2 local selection blocks always selected
     ("V4 compressor", "v4", V4),
     ("no slot bias", "noslotbias", {"gate_bias": False}),  # the V4 compressor's name for no gate bias
     ("vector gates", "vector", {"gate": "vector"}),
@@ -45,6 +46,14 @@ NUMBERED: list[tuple[str, str, str, str, str]] = [
     ("seed {}", r"seed (\d+)", "seed{}", r"seed(\d+)", "seed"),
     ("coverage reg {}", r"coverage reg (\d+(?:\.\d+)?)", "cov{}", r"cov(\d+(?:\.\d+)?)", "coverage_reg"),
 ]
+# The grid family's heads: per design, its paper-name parts and alias parts; `{field}` stands for a number. The one
+# table both directions read (a part matches its template with each field a run of digits).
+FAMILY_HEADS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "nsa": (("NSA l{block}/d{block_stride}", "select {select_block} top {top_k}", "window {sliding_window}"),
+            ("nsa", "l{block}d{block_stride}", "sel{select_block}k{top_k}", "win{sliding_window}")),
+    "moba": (("MoBA B{block} top {top_k}",), ("moba", "b{block}k{top_k}")),
+    "beacon": (("Beacon r{beacon_ratio}", "window {beacon_window}"), ("beacon", "r{beacon_ratio}w{beacon_window}")),
+}
 BIAS_WORDS = {"no gate bias": False, "no slot bias": True}  # which one a name uses: by whether it has a V4 compressor
 DEFAULTS = {"gate": "scalar", "tied_kv": False, "post_norm": False, "gate_bias": True, "qk_norm": True,
             "rope_dims": None, "local_window": 16, "stagger": False, "seed": 42,
@@ -59,9 +68,45 @@ def _known() -> str:
 def _err(name: str, part: str) -> ModelNameError:
     return ModelNameError(
         f"cannot parse model name {name!r}: unknown part {part!r}. Names look like 'W8/S8 · 1 KV · no RoPE', "
-        f"'Full attention · 8 KV', 'DeepSeek-style kernel' or aliases like 'w8s8-1kv-norope'; "
+        f"'Full attention · 8 KV', 'DeepSeek-style kernel', {', '.join(_family_examples())} "
+        f"or aliases like 'w8s8-1kv-norope'; "
         f"known attributes: {_known()}"
     )
+
+
+def _family_examples() -> list[str]:
+    example = {"block": 8, "block_stride": 4, "select_block": 8, "top_k": 2, "sliding_window": 16, "beacon_ratio": 8,
+               "beacon_window": 32}
+    return [repr(SEP.join(p.format(**example) for p in paper) + " · 1 KV") for paper, _ in FAMILY_HEADS.values()]
+
+
+def _template_re(template: str) -> str:
+    """A head template as a regex: each `{field}` a named group of digits, the rest literal (any case)."""
+    return re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>\\d+)", re.escape(template.lower()))
+
+
+def _family_of(parts: list[str], ascii_: bool) -> str | None:
+    """The design a name's first part names (`NSA l8/d4`, `moba`), or None."""
+    first = parts[0].lower()
+    word = first if ascii_ else first.split(" ")[0]
+    return next((f for f, (paper, _) in FAMILY_HEADS.items() if paper[0].split(" ")[0].lower() == word), None)
+
+
+def _parse_family_head(name: str, family: str, parts: list[str], ascii_: bool) -> tuple[dict, list[str]]:
+    """The fields a design's head parts name, and the parts after them."""
+    paper, alias = FAMILY_HEADS[family]
+    templates = alias[1:] if ascii_ else paper
+    head = parts[1 : 1 + len(templates)] if ascii_ else parts[: len(templates)]
+    fields: dict = {"family": family}
+    for i, template in enumerate(templates):
+        part = head[i] if i < len(head) else ""
+        m = re.fullmatch(_template_re(template), part.strip().lower())
+        if not m:
+            want = "-".join(alias) if ascii_ else SEP.join(paper)
+            raise ModelNameError(f"model name {name!r}: expected {template!r} (a {family} name reads {want!r} "
+                                 f"with numbers for the fields), got {part!r}")
+        fields.update({k: int(v) for k, v in m.groupdict().items()})
+    return fields, parts[(1 if ascii_ else 0) + len(templates):]
 
 
 def parse_name(name: str) -> dict:
@@ -91,7 +136,10 @@ def _parse_parts(name: str, parts: list[str], ascii_: bool) -> dict:
         raise _err(name, "")
     head, rest = parts[0].lower(), parts[1:]
     fields: dict = {}
-    if head in ("full attention", "full"):
+    family = _family_of(parts, ascii_)
+    if family is not None:
+        fields, rest = _parse_family_head(name, family, parts, ascii_)
+    elif head in ("full attention", "full"):
         fields["window"], fields["stride"] = 0, 0
     elif head in ("deepseek-style kernel", "deepseek"):
         fields.update(DEEPSEEK)
@@ -165,6 +213,10 @@ def _head(cfg: ModelConfig, ascii_: bool) -> list[str]:
     if _is_deepseek(cfg):
         return ["deepseek"] if ascii_ else ["DeepSeek-style kernel"]
     kv = f"{cfg.n_kv_heads}kv" if ascii_ else f"{cfg.n_kv_heads} KV"
+    if cfg.family is not None:
+        paper, alias = FAMILY_HEADS[cfg.family]
+        return [p.format(**{f: getattr(cfg, f) for f in re.findall(r"\{(\w+)\}", p)}) for p in
+                (alias if ascii_ else paper)] + [kv]
     if not cfg.compressed:
         return ["full" if ascii_ else "Full attention", kv]
     return [f"w{cfg.window}s{cfg.stride}" if ascii_ else f"W{cfg.window}/S{cfg.stride}", kv]

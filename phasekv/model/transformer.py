@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from phasekv.attention.attention import Attention
 from phasekv.attention.cache import PhaseCache
 from phasekv.attention.compressor import CompressorBranch
+from phasekv.attention.family import make_attention
 from phasekv.attention.norm import RMSNorm
 from phasekv.config import ModelConfig
 from phasekv.errors import ConfigError
@@ -33,7 +33,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg, layer)
+        self.attn = make_attention(cfg, layer)  # the study's Attention, or a family design's
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
