@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # GPU users: make TORCH_SPEC="torch==2.13.0 --index-url ..." test
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup dev demo study test test-slow test-engine engine-venv bench lint clean
+.PHONY: setup dev demo study test test-slow test-engine engine-venv bench lint docs clean
 
 # pip byte-compiles every file it installs, one at a time (~60 s here); instead one parallel pass compiles what
 # can be imported, skipping the packages' own test suites and transformers' model files other than those phasekv
@@ -72,9 +72,13 @@ test-engine: dev engine-venv
 bench: setup
 	$(BIN)/python benchmarks/run_all.py
 
+# the documentation site (mkdocs.yml) into site/, warnings as errors; tests/docs/test_site.py builds it in `make test`
+docs: dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 lint: dev
 	$(BIN)/ruff check phasekv tests benchmarks
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) build *.egg-info
+	rm -rf $(VENV) $(ENGINE_VENV) build site *.egg-info
