@@ -31,6 +31,16 @@ def wilson(correct, n, alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(center - half, 0.0, 1.0), np.clip(center + half, 0.0, 1.0)
 
 
+def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
+    """Exact (Clopper-Pearson) interval for `k` successes out of `n`: beta quantiles, [0, ...] at k = 0 and
+    [..., 1] at k = n; never narrower than the nominal coverage, which matters at a handful of trials (seeds)."""
+    if n <= 0 or not 0 <= k <= n:
+        raise ConfigError(f"clopper_pearson: need 0 <= k <= n and n > 0, got k={k}, n={n}")
+    lo = 0.0 if k == 0 else float(sps.beta.ppf(alpha / 2.0, k, n - k + 1))
+    hi = 1.0 if k == n else float(sps.beta.ppf(1.0 - alpha / 2.0, k + 1, n - k))
+    return lo, hi
+
+
 def divisors(m: int) -> list[int]:
     return [d for d in range(1, m + 1) if m % d == 0]
 

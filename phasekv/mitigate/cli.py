@@ -102,7 +102,9 @@ def repair_command(
 ) -> None:
     """Check every evaluated design against the repair's goals (issue 18): cache <= 1/4 of full attention with the
     same KV heads, flat under both paddings (p > 0.05, period 1, gap interval overlapping full attention's), mean
-    within 5 points of full attention's, train and decode steps <= 1.5x the unrepaired model's, at 3 seeds.
+    within 5 points of full attention's, train and decode steps <= 1.5x the unrepaired model's. A design (a name
+    without its seed) is judged by its seeds: repaired only when it was trained at >= 8 seeds and every one of them
+    meets every goal; the fraction that do is printed with its exact 95% interval, and the worst seed is named.
     Writes DIR/repair/goals.json, frontier.png and the two comparisons; `phasekv report DIR` shows them.
 
     Example: phasekv repair runs/repair-study --unrepaired "W8/S4 · 1 KV"
@@ -114,6 +116,7 @@ def repair_command(
     r = run_repair(directory, unrepaired, reference=reference, context=context, bench=bench)
     wide = Console(width=max(console.width, 150))
     wide.print(goals_table(r))
+    wide.print(seeds_table(r))
     wide.print(r["verdict"])
     console.print(f"wrote {directory}/repair/goals.json, frontier.png, prefix/, in-sequence/")
 
@@ -135,6 +138,24 @@ def goals_table(r: dict):
     for m in r["models"]:
         t.add_row(m["label"], f(m["cache_rel"], 4), f(m["train_rel"]), f(m["decode_rel"]), *gap(m, "prefix"),
                   *gap(m, "in-sequence"), "every goal met" if m["meets"] else "; ".join(m["misses"]))
+    return t
+
+
+def seeds_table(r: dict):
+    """Each candidate design's seed distribution: seeds meeting every goal, the exact interval, the worst seed."""
+    from rich.table import Table
+
+    from phasekv.mitigate.repair import rule_text
+
+    t = Table(title=f"seeds · {rule_text(r['goals']['seeds'])}")
+    for c in ("design", "meeting", "95% exact", "failing seeds", "worst seed"):
+        t.add_column(c, justify="left" if c in ("design", "worst seed") else "right", overflow="fold")
+    for d in (d for d in r["designs"] if d["role"] == "design"):
+        w, (lo, hi) = d["worst"], d["rate_ci"]
+        worst = "-" if w is None else (f"{w['seed']}: {w['padding']} gap {w['gap']:.1f} [{w['gap_ci'][0]:.1f}, "
+                                       f"{w['gap_ci'][1]:.1f}], period {w['period']}")
+        t.add_row(d["design"], f"{len(d['meeting_seeds'])}/{len(d['seeds'])}", f"{100 * lo:.0f}-{100 * hi:.0f}%",
+                  ", ".join(map(str, d["failing_seeds"])) or "none", worst)
     return t
 
 

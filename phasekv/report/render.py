@@ -16,7 +16,7 @@ from phasekv.eval.figure import PALETTE, Figure, to_plotly, to_png
 from phasekv.eval.protocols import retrieval_protocols
 from phasekv.io import write_json, write_text
 from phasekv.mitigate.criteria import verdict_lines
-from phasekv.mitigate.repair import seed_count
+from phasekv.mitigate.repair import rule_text
 from phasekv.progress import Progress
 from phasekv.report import checks, claims, figures, html, published, tables
 from phasekv.report.html import esc, fmt
@@ -434,9 +434,11 @@ def section_repair(b: Builder) -> None:
     body = (f"<p>Goals: cache ≤ {g['max_cache']:g} of full attention with the same KV heads; under both paddings "
             f"periodicity p &gt; {g['min_p']:g}, detected period 1, the gap's 95% interval overlapping the reference's, "
             f"mean within {g['max_mean_drop']:g} points of the reference's; training and decode step ≤ {g['max_cost']:g}× "
-            f"the unrepaired model's (measured side by side); at {seed_count(g['seeds'])}.</p>")
+            f"the unrepaired model's (measured side by side). Seeds: {rule_text(g['seeds'])}.</p>")
     body += html.table(["model", "cache", "train", "decode", "prefix mean [95%]", "gap [95%]", "period (p)",
                         "in-seq. mean [95%]", "gap [95%]", "period (p)", "goals"], rows)
+    body += html.table(["design", "seeds meeting every goal", "95% exact interval", "failing seeds", "worst seed"],
+                       [_seed_row(d) for d in r["designs"] if d.get("role") == "design"])
     cls = "pass" if r["repaired"] else "fail"
     body += f'<p><b>Verdict:</b> <span class="{cls}">{esc(r["verdict"])}</span></p>'
     png = b.study.root / "repair" / "frontier.png"
@@ -446,6 +448,16 @@ def section_repair(b: Builder) -> None:
         b.pngs.append(dest)
         body += html.image(png, "The repair's frontier: gap against step cost, both paddings", f"figures/{dest.name}")
     b.add("repair", "Repair", body)
+
+
+def _seed_row(d: dict) -> list[str]:
+    """A design's seed distribution (`phasekv.mitigate.repair.seed_distribution`) as a table row."""
+    lo, hi = d["rate_ci"]
+    w = d["worst"]
+    worst = "–" if w is None else (f"{w['seed']}: {w['padding']} gap {fmt(w['gap'])} [{fmt(w['gap_ci'][0])}, "
+                                   f"{fmt(w['gap_ci'][1])}], period {w['period']} (p {fmt(w['p'], 4)})")
+    return [esc(d["design"]), f"{len(d['meeting_seeds'])} / {len(d['seeds'])}", f"{100 * lo:.0f}-{100 * hi:.0f}%",
+            ", ".join(map(str, d["failing_seeds"])) or "none", esc(worst)]
 
 
 def section_published(b: Builder) -> None:
