@@ -11,6 +11,8 @@ torchrun / SLURM command lines for a cluster.
     seeds = [42, 43]           # optional: one run per seed (or `seed = 43`)
     lr = 2e-3                  # optional per-run overrides
     backbone = {n_layers = 4}  # optional: overrides of the preset's backbone (or "n_layers=4,d_model=96")
+    tag = "lr2e-3"             # optional: appended to the run's name and directory (runs/cpu/w8s8-1kv-lr2e-3), so
+                               # runs of one model with other options (recipe probes) can share a sweep file
 
 `phasekv sweep run FILE` skips finished runs (`done.json` at the planned step count), resumes
 interrupted ones (latest checkpoint) and starts the rest.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 import shlex
 import tomllib
 from dataclasses import dataclass
@@ -39,14 +42,15 @@ from phasekv.train.config import TrainConfig
 app = typer.Typer(help="Run a sweep file (TOML) or print its cluster command lines.", no_args_is_help=True)
 console = Console(stderr=True)
 DATA_KEYS = set(DataConfig.__dataclass_fields__)
+TAG = re.compile(r"[a-z0-9][a-z0-9._-]*")  # a run's tag: lower-case ASCII, safe in a directory name and a glob
 
 
 @dataclass
 class SweepRun:
     """One run of a sweep file: a model (one arch and seed) with its `phasekv train` options."""
 
-    name: str  # paper name of the model (with its seed)
-    alias: str  # ASCII alias: the run's directory name
+    name: str  # paper name of the model (with its seed), then the run's tag in brackets if it has one
+    alias: str  # ASCII alias, then "-" and the tag if any: the run's directory name
     options: dict  # TrainConfig fields (data fields flattened)
 
     @property
@@ -99,6 +103,9 @@ def load_sweep(path: str | Path) -> list[SweepRun]:
         if "out" in r:
             raise ConfigError(f"{path}: run {i}: 'out' is not a sweep option (runs write to out_root/<alias>)")
         seeds = r.pop("seeds", None) or [r.pop("seed", None)]
+        tag = r.pop("tag", None)
+        if tag is not None and not (isinstance(tag, str) and TAG.fullmatch(tag)):
+            raise ConfigError(f"{path}: run {i}: tag={tag!r} must be lower-case letters, digits, '.', '_' or '-'")
         for seed in seeds:
             opts = {k: v for k, v in r.items()}
             try:
@@ -109,13 +116,14 @@ def load_sweep(path: str | Path) -> list[SweepRun]:
                         raise ConfigError(f"seed {seed!r} must be an integer")
                     mcfg = mcfg.replace(seed=seed)
                 opts["arch"], opts["seed"] = mcfg.name, mcfg.seed
-                opts["out"] = str(out_root / mcfg.alias)
-                run = SweepRun(mcfg.name, mcfg.alias, opts)
+                name, alias = (mcfg.name, mcfg.alias) if tag is None else (f"{mcfg.name} [{tag}]", f"{mcfg.alias}-{tag}")
+                opts["out"] = str(out_root / alias)
+                run = SweepRun(name, alias, opts)
                 run.config()
             except (TypeError, PhaseKVError) as exc:
                 raise ConfigError(f"{path}: run {i}: {exc}") from None
             if run.alias in seen:
-                raise ConfigError(f"{path}: run {mcfg.name!r} appears twice")
+                raise ConfigError(f"{path}: run {run.name!r} appears twice (a `tag` tells runs of one model apart)")
             seen.add(run.alias)
             runs.append(run)
     return runs
@@ -195,7 +203,7 @@ def train_args(run: SweepRun) -> list[str]:
     """`phasekv train` arguments of a run (options that differ from the defaults, plus --resume)."""
     default = TrainConfig().to_dict()
     cfg = run.config().to_dict()
-    args = ["--arch", run.name, "--out", str(run.out)]
+    args = ["--arch", run.options["arch"], "--out", str(run.out)]
     data = cfg.pop("data")
     for k, v in data.items():
         if k in ("recall",) or v == default["data"][k]:

@@ -136,3 +136,31 @@ def test_bad_sweep_files(tmp_path):
         sweep.load_sweep(p)
     with pytest.raises(ConfigError, match="not found"):
         sweep.load_sweep(tmp_path / "none.toml")
+
+
+def test_tagged_runs_of_one_model_share_a_sweep(tmp_path, monkeypatch):
+    """A per-run `tag` joins the run's name and directory: two recipes of one model (and a tagged seed list) run
+    side by side, each with its own options; the model trained is the untagged arch."""
+    monkeypatch.chdir(tmp_path)
+    p = tmp_path / "t.toml"
+    runs = ('[[run]]\narch = "w8s8-1kv"\ntag = "lr-low"\nlr = 1e-3\nsteps = 1\n\n'
+            '[[run]]\narch = "W8/S8 · 1 KV"\ntag = "lr-high"\nlr = 3e-3\nseeds = [42, 43]\nsteps = 1\n')
+    p.write_text(SWEEP.split("[[run]]")[0] + runs)
+    expanded = sweep.load_sweep(p)
+    assert [r.name for r in expanded] == ["W8/S8 · 1 KV [lr-low]", "W8/S8 · 1 KV [lr-high]",
+                                          "W8/S8 · 1 KV · seed 43 [lr-high]"]
+    assert [str(r.out) for r in expanded] == ["runs/w8s8-1kv-lr-low", "runs/w8s8-1kv-lr-high",
+                                              "runs/w8s8-1kv-seed43-lr-high"]
+    assert sweep.train_args(expanded[0])[:2] == ["--arch", "W8/S8 · 1 KV"]
+    assert [r.alias for r in sweep._select(expanded, "*-lr-high")] == ["w8s8-1kv-lr-high", "w8s8-1kv-seed43-lr-high"]
+    rows = sweep.run_sweep(p, only="w8s8-1kv-lr-*")  # the two recipes of seed 42
+    assert [r["after"] for r in rows] == ["done"] * 2
+    lrs = [json.loads((r.out / "config.json").read_text())["train"]["lr"] for r in expanded[:2]]
+    assert lrs == [1e-3, 3e-3]
+    assert [r.status() for r in sweep.load_sweep(p)] == ["done", "done", "pending"]
+    p.write_text(SWEEP.split("[[run]]")[0] + runs.replace("lr-high", "lr-low"))
+    with pytest.raises(ConfigError, match=r"'W8/S8 · 1 KV \[lr-low\]' appears twice"):
+        sweep.load_sweep(p)
+    p.write_text(SWEEP.split("[[run]]")[0] + runs.replace('"lr-high"', '"LR high"'))
+    with pytest.raises(ConfigError, match="run 2: tag='LR high'"):
+        sweep.load_sweep(p)
