@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from phasekv.attention.beacon import interleave
 from phasekv.attention.cache import PhaseCache
 from phasekv.attention.compressor import CompressorBranch
 from phasekv.attention.family import make_attention
@@ -54,6 +55,8 @@ class PhaseLM(nn.Module):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        # Activation Beacon: the beacon token's embedding, inserted after every r raw tokens (attention.beacon)
+        self.beacon_embed = nn.Embedding(1, config.d_model) if config.family == "beacon" else None
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -72,10 +75,14 @@ class PhaseLM(nn.Module):
             raise ConfigError("last=True runs a whole prompt: give no cache")
         pos = torch.arange(start, start + T, device=input_ids.device)  # (T,)
         x = self.embed(input_ids)  # (B, T, d)
+        if self.beacon_embed is not None:  # the interleaved stream: the layers see beacon slots between raw tokens
+            x, pos, raw = interleave(x, start, self.config.beacon_ratio, self.beacon_embed.weight[0])  # (B, T_s, d)
         shift = self._grid_shift(B) if cache is None else None
-        short = last and not _hooked(self.layers[-1])  # hooks there read every position's tensors
+        short = last and self.beacon_embed is None and not _hooked(self.layers[-1])  # hooks read every position
         for i, layer in enumerate(self.layers):
             x = layer(x, pos, None if cache is None else cache.layers[i], shift, short and i == len(self.layers) - 1)
+        if self.beacon_embed is not None:
+            x = x[:, raw]  # (B, T, d): the raw tokens' outputs
         if cache is not None:
             cache.pos += T
         if select is not None:  # every position labelled (text): the rows in the same order, without a gather
@@ -158,3 +165,5 @@ def _init_weights(module: nn.Module, cfg: ModelConfig) -> None:
     if isinstance(module, CompressorBranch):
         for w in module.own_matrices():
             init(w)
+    if hasattr(module, "init_copies"):  # parameters that start as copies of the module's own (Activation Beacon's
+        module.init_copies()  #             beacon projections); `apply` has initialised its children already
