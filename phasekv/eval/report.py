@@ -39,12 +39,22 @@ def summary_line(summary: dict) -> str:
             f"detected period {summary['detected_period']}")
 
 
+def length_warning(beyond: dict) -> str:
+    """The one line that says an evaluation ran beyond its model's training length (a summary's
+    `beyond_training_length`: prompt_tokens, trained_tokens)."""
+    n, t = beyond["prompt_tokens"], beyond["trained_tokens"]
+    return (f"prompts of {n:,} tokens are {n / t:.1f}x the {t:,}-token sequences this model was trained on: its "
+            "accuracy here measures length extrapolation as well as phase")
+
+
 def print_summary(summary: dict, console: Console | None = None) -> None:
     console = console or Console()
     console.print(profile_table(summary))
     console.print(summary_line(summary))
     if summary.get("design_notice"):
         console.print(f"[yellow]notice:[/] {summary['design_notice']}")
+    if summary.get("beyond_training_length"):
+        console.print(f"[yellow]warning:[/] {length_warning(summary['beyond_training_length'])}")
     words = summary.get("provenance", {}).get("words") or {}
     if words.get("source") == "vocab":
         console.print(f"prompt words: the tokenizer's own single-token words (the shipped lists are split), keys "

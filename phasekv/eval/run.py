@@ -188,6 +188,7 @@ def write_run(out: Path, rows: pd.DataFrame, task: str, em: EvalModel, cfg: Prom
         "prompt_length": meta["length"], "per_group": meta["per_group"],
         "per_group_requested": meta["per_group_requested"], "design_notice": meta["design_notice"],
         "target_moments": achieved,
+        "beyond_training_length": beyond_training_length(em, meta["length"]),  # None: within it, or it is unknown
         "ratios": ratio_tests({"groups": s.groups}, model_ratios(em), seed=cfg.seed),  # every ratio dividing M
         "ratios_untested": sorted(r for r in model_ratios(em) if cfg.modulus % r),  # audit plans these
         "provenance": {"seed": cfg.seed, "prompt_config": cfg.to_dict(), "model_info": em.info,
@@ -200,6 +201,15 @@ def write_run(out: Path, rows: pd.DataFrame, task: str, em: EvalModel, cfg: Prom
     proto = protocol(task)
     to_png(proto.build_figure(summary, rows), out / proto.figure)
     return summary
+
+
+def beyond_training_length(em: EvalModel, length: int) -> dict | None:
+    """{"prompt_tokens", "trained_tokens"} when prompts of `length` tokens are longer than the sequences the model
+    was trained on (a phasekv run's or an export's training length), else None (within it, or not known)."""
+    trained = em.info.get("train_len")
+    if not isinstance(trained, int) or isinstance(trained, bool) or length <= trained:
+        return None
+    return {"prompt_tokens": int(length), "trained_tokens": trained}
 
 
 def _achieved_moments(rows: pd.DataFrame, modulus: int) -> dict:

@@ -23,6 +23,7 @@ from phasekv.eval.figure import GREY, Figure, Guide, Panel, Trace, to_png
 from phasekv.eval.models import EvalModel, model_ratios
 from phasekv.eval.protocols import for_model, protocol, retrieval_protocols
 from phasekv.eval.ratios import RatioPlan, plan_ratios, ratio_tests
+from phasekv.eval.report import length_warning
 from phasekv.eval.run import json_default, run_retrieval
 from phasekv.eval.stats import phase_profile
 from phasekv.io import write_json
@@ -114,6 +115,7 @@ def audit_verdict(runs: list[tuple[RatioPlan, dict, Path]], max_gap: float) -> d
     code = INCONCLUSIVE if not v["retrieves"] else PASS if max(gaps) < max_gap else FAIL
     v.update({"pass": code == PASS, "largest_gap": max(gaps), "protocol": summary["protocol"],
               "prompt_length": summary["prompt_length"], "n_prompts": sum(s["n_prompts"] for _, s, _ in runs),
+              "beyond_training_length": summary.get("beyond_training_length"),  # the verdict's rules stay as they are
               "verdict": VERDICTS[code], "exit_code": code})
     return v
 
@@ -152,6 +154,8 @@ def print_verdict(v: dict, console) -> None:
     console.print(f"gap {v['gap']:.1f} points, 95% [{v['gap_ci'][0]:.1f}, {v['gap_ci'][1]:.1f}]; "
                   f"threshold {v['max_gap']:g}: [bold {color}]{v['verdict'].upper()}[/] (exit {v['exit_code']})")
     console.print(f"period: {v['period_text']}")
+    if v.get("beyond_training_length"):
+        console.print(f"[yellow]warning:[/] {length_warning(v['beyond_training_length'])}")
     for t in v["ratios"]:
         p = "" if t["period_p_value"] is None else f", power at period {t['ratio']}: p = {t['period_p_value']:.4f}"
         console.print(f"ratio {t['ratio']} ({', '.join(t['layer_types'])}): residues mod {t['modulus']}, gap "

@@ -86,3 +86,42 @@ def test_hf_dir_without_tokenizer_says_so(tmp_path, tok):
     to_hf(build_word_tokenizer()).save_pretrained(tmp_path / "tok")
     em = load(tmp_path / "hf", tokenizer=tmp_path / "tok")
     assert em.kind == "hf" and em.tok.word_id("cat") is not None
+
+
+def test_evaluation_beyond_training_length_warns_and_records_it(tmp_path, tok):
+    """Prompts longer than the run was trained on: one warning line with both lengths, the summary.json and
+    audit.json field; the verdict's own rules are untouched (a model at chance stays inconclusive)."""
+    import io
+
+    from rich.console import Console
+
+    from phasekv.eval.report import print_summary
+    from phasekv.eval.run import beyond_training_length
+    from phasekv.mitigate.audit import print_verdict
+
+    def audit(pattern, train_len, out):
+        em = EvalModel(Planted(tok.vocab_size, pattern), tok, "planted", "phasekv", 4,
+                       {"path": "planted", "train_len": train_len})
+        v = run_audit(em, tmp_path / out, max_gap=50.0, task="lookup", progress=False, **SMALL)
+        return v, json.loads((tmp_path / out / "lookup" / "summary.json").read_text())
+
+    def printed(show, what) -> list[str]:
+        buf = io.StringIO()
+        show(what, Console(file=buf, width=300))
+        return [line for line in buf.getvalue().splitlines() if line.startswith("warning:")]
+
+    v, summary = audit([0], 16, "chance")
+    n = summary["prompt_length"]
+    assert n > 16 and summary["beyond_training_length"] == {"prompt_tokens": n, "trained_tokens": 16}
+    assert v["beyond_training_length"] == summary["beyond_training_length"]
+    assert json.loads((tmp_path / "chance" / "audit.json").read_text())["beyond_training_length"]["trained_tokens"] == 16
+    assert v["verdict"] == "inconclusive" and v["exit_code"] == 4 and v["near_chance"]  # as at chance anywhere
+    for show, what in ((print_summary, summary), (print_verdict, v)):
+        lines = printed(show, what)
+        assert len(lines) == 1 and f"{n:,} tokens" in lines[0] and "16-token" in lines[0] and "trained" in lines[0]
+    within = EvalModel(Planted(tok.vocab_size, [1]), tok, "planted", "phasekv", 4, {"path": "p", "train_len": n})
+    assert beyond_training_length(within, n) is None and beyond_training_length(within, n + 1)["prompt_tokens"] == n + 1
+    unknown = EvalModel(Planted(tok.vocab_size, [1]), tok, "planted", "phasekv", 4, {"path": "p"})  # PhaseLM.save
+    assert beyond_training_length(unknown, 10**6) is None
+    summary["beyond_training_length"] = v["beyond_training_length"] = None  # as written within the trained length
+    assert printed(print_summary, summary) == [] and printed(print_verdict, v) == []
