@@ -148,6 +148,24 @@ def plan_for(quick: bool) -> DemoPlan:
                     n_cal=32, gate_prompts=32, cycle_per_group=24, deltas=[-1, 1], n_boot=200, flip_lengths=8)
 
 
+FAMILY = ["NSA l8/d4 · select 8 top 2 · window 16 · 1 KV", "MoBA B16 top 3 · 1 KV", "Beacon r8 · window 32 · 1 KV"]
+#   the grid family beyond the paper (`phasekv study --family`): one design each, at tiny-scale defaults that fit the
+#   demo's 96-token sequences (docs/dev/family-contract.md)
+FAMILY_BASELINES = ["Full attention · 1 KV", "W8/S4 · 1 KV"]  # trained beside them in the same run
+
+
+def family_plan(quick: bool) -> DemoPlan:
+    """The grid family (`phasekv study --family`): NSA, MoBA and Activation Beacon trained at the demo's tiny scale
+    with the demo's recipe (its steps, record curriculum, data and evaluation sizes), beside the demo's full
+    attention and W8/S4 · 1 KV; every model also gets the family stage (`phasekv.analysis.family`: the lookup at
+    each grid period of the family, the designs' knockouts)."""
+    demo = plan_for(quick)
+    models = FAMILY_BASELINES + FAMILY
+    own = {m: o for m, o in demo.per_model.items() if m in models}
+    return dataclasses.replace(demo, kind="family", models=models, per_model=own, repair_unrepaired=None,
+                               repair_models=[])
+
+
 # --quick study: the demo's smoke budgets with a third of its prompts (26 models; knockouts of 8 KV heads cost 8x)
 STUDY_RECALL = {"repeat_prob": 0.25}  # the study's data on top of the demo's: a quarter of the training sequences are
 #   repeated runs of keys and names (`RecallConfig.repeat_prob`). At 8 query heads full attention stays at chance on

@@ -108,6 +108,17 @@ def cycle(plan: dict, run_dir: str, out: str) -> dict:
                          progress=False)
 
 
+def family(plan: dict, run_dir: str, out: str, grids: dict, evals: dict) -> dict:
+    """The family stage of one model (`phasekv.analysis.family`): the lookup at every grid period in `grids` under
+    both paddings (reusing the plan's finished lookups `evals`: padding -> directory), the design's knockouts."""
+    from phasekv.analysis.family import analyze_family
+
+    _setup()
+    p, em = DemoPlan.from_dict(plan), load(run_dir)
+    return analyze_family(em, _prompts(p, em), out, grids=grids, evals={k: Path(v) for k, v in evals.items()},
+                          ko_per_group=p.ko_per_group, batch_size=p.eval_batch, n_boot=p.n_boot, progress=False)
+
+
 def theory(plan: dict, out: str) -> dict:
     from phasekv.theory import run_all
 

@@ -9,6 +9,7 @@
     DIR/analysis/knockout/<alias>/        KV-head knockouts (`phasekv analyze knockout`)
     DIR/analysis/gates/<alias>/           gate concentration (`phasekv analyze gates`)
     DIR/analysis/cycle/<alias>/           gate cycling (`phasekv analyze cycle`)
+    DIR/analysis/family/<alias>/          the grid family's tests and knockouts (`phasekv analyze family`)
     DIR/theory/{minimisers,flow,coverage}/  theory checks (`phasekv theory ...`)
     DIR/compare/                          cache, cost and gap side by side (`phasekv compare`, phasekv.compare/1)
     DIR/repair/                           the repair's goals per design (`phasekv repair`, phasekv.repair/1):
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from phasekv.eval.protocols import FLIP, LOOKUP
 
-ANALYSES = ("knockout", "gates", "cycle")
+ANALYSES = ("knockout", "gates", "cycle", "family")
 THEORY_CHECKS = ("minimisers", "flow", "coverage")
 RESULTS, SUMMARY = "results.parquet", "summary.json"
 
