@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
-from phasekv.eval.cli import ENGINE, model_from_flags
+from phasekv.eval.cli import ENGINE, PRESS, model_from_flags
 
 console = Console()
 
@@ -69,6 +70,7 @@ def audit_command(
     device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
     tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
+    press: str = PRESS,
 ) -> None:
     """Phase audit in one command: retrieval by residue for every compression ratio, periodicity, verdict,
     figure, so it can gate a model release in CI. Exit codes (audit.json "verdict"): 0 pass: the model retrieves
@@ -79,7 +81,7 @@ def audit_command(
     """
     from phasekv.mitigate.audit import print_verdict, run_audit
 
-    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer)
+    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer, press)
     out = out or Path(f"audit-{Path(model).resolve().name if model else served_model}")
     v = run_audit(em, out, stride=stride, max_gap=max_gap, task=task, per_group=per_group, modulus=modulus,
                   context=context, records=records, demos=demos, filler=filler, seed=seed, batch_size=batch_size)
@@ -99,6 +101,9 @@ def repair_command(
     bench_batch: int = typer.Option(64, help="Sequences per timed training step (the demo's recipe: 64)."),
     bench_seq_len: int = typer.Option(96, help="Tokens per sequence of a timed training step (the recipe: 96)."),
     decode_context: int = typer.Option(512, help="Prefill length before the timed decode steps."),
+    record: Path = typer.Option(None, help="Also write the candidate designs' seed distributions, keyed by "
+                                           "architecture and training recipe, to this JSON file (what the demo's "
+                                           "report cites: phasekv/demo/repair_seeds.json)."),
 ) -> None:
     """Check every evaluated design against the repair's goals (issue 18): cache <= 1/4 of full attention with the
     same KV heads, flat under both paddings (p > 0.05, period 1, gap interval overlapping full attention's), mean
@@ -109,11 +114,17 @@ def repair_command(
 
     Example: phasekv repair runs/repair-study --unrepaired "W8/S4 · 1 KV"
     """
+    from phasekv.io import write_json
     from phasekv.mitigate.compare import Bench
-    from phasekv.mitigate.repair import run_repair
+    from phasekv.mitigate.repair import run_repair, seed_record
+    from phasekv.provenance import git_revision
 
     bench = Bench(batch=bench_batch, seq_len=bench_seq_len, reps=bench_reps, decode_context=decode_context)
     r = run_repair(directory, unrepaired, reference=reference, context=context, bench=bench)
+    if record is not None:
+        when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+        write_json(record, seed_record(r, f"phasekv repair {directory.name}, git {git_revision() or '?'}, {when}"))
+        console.print(f"wrote {record}")
     wide = Console(width=max(console.width, 150))
     wide.print(goals_table(r))
     wide.print(seeds_table(r))

@@ -38,6 +38,7 @@ from phasekv.mitigate.cost import Bench
 from phasekv.model.cli import cache_bytes
 
 SCHEMA = "phasekv.repair/1"
+RECORD_SCHEMA = "phasekv.repair-seeds/1"  # `phasekv repair --record`: designs' seed distributions, kept for the demo
 PADDINGS = ("prefix", "in-sequence")
 
 
@@ -144,6 +145,7 @@ def evaluate(summaries: dict[str, dict], unrepaired: str, context: int = 32768, 
         name = cfg.name + (f" · phase ensemble {k}" if k > 1 else "") + recipe_tag(recipes[label], recipes[unrepaired])
         design = design_name(name)
         m = {"label": name, "design": design, "seed": cfg.seed, "role": "unrepaired" if label == unrepaired else "design",
+             "arch": design_name(cfg.name), "recipe": recipes[label],
              "cache_rel": checks[0]["value"], "train_rel": checks[1]["value"], "decode_rel": checks[2]["value"],
              "paddings": {p: _padding_numbers(r) for p, r in by_padding.items() if r is not None},
              "checks": checks, "misses": [c["miss"] for c in checks if not c["ok"]]}
@@ -176,7 +178,8 @@ def seed_distribution(design: str, models: list[dict], goals: Goals) -> dict:
                 worst = {"seed": m["seed"], "padding": padding, "gap": n["gap"], "gap_ci": n["gap_ci"],
                          "period": n["detected_period"], "p": n["periodicity_p"], "mean": n["mean"]}
     role = "unrepaired" if all(m["role"] == "unrepaired" for m in models) else "design"
-    return {"design": design, "role": role, "seeds": seeds, "meeting_seeds": meeting,
+    return {"design": design, "role": role, "arch": models[0]["arch"], "recipe": models[0]["recipe"],
+            "seeds": seeds, "meeting_seeds": meeting,
             "failing_seeds": sorted(set(seeds) - set(meeting)), "rate": len(meeting) / len(seeds),
             "rate_ci": [lo, hi], "worst": worst, "enough_seeds": len(seeds) >= goals.seeds,
             "meets": len(seeds) >= goals.seeds and len(meeting) == len(seeds)}
@@ -192,11 +195,11 @@ def rule_text(seeds: int) -> str:
             "seeds meets every goal")
 
 
-def distribution_text(d: dict) -> str:
+def distribution_text(d: dict, named: bool = True) -> str:
     """'W12/S6 · 2 KV: 7 of 8 seeds meet every goal (95% exact interval 47-100%); worst seed 45: prefix gap 79.4
     [76.4, 82.3], period 6 (p = 0.0001)'."""
     lo, hi = d["rate_ci"]
-    text = (f"{d['design']}: {len(d['meeting_seeds'])} of {seed_count(len(d['seeds']))} meet every goal "
+    text = ((f"{d['design']}: " if named else "") + f"{len(d['meeting_seeds'])} of {seed_count(len(d['seeds']))} {'meets' if len(d['seeds']) == 1 else 'meet'} every goal "
             f"(95% exact interval {100 * lo:.0f}-{100 * hi:.0f}%)")
     w = d["worst"]
     if w is not None:
@@ -211,12 +214,48 @@ def distribution_text(d: dict) -> str:
 def verdict_text(repaired: list[str], designs: list[dict], goals: Goals) -> str:
     """The rule, the repaired designs, and every candidate design's seed distribution."""
     head = f"rule: {rule_text(goals.seeds)}. " + (f"repaired: {', '.join(repaired)}" if repaired else "no design is repaired")
-    return "; ".join([head, *(distribution_text(d) for d in designs if d["role"] == "design")])
+    return "; ".join([head, *(distribution_text(d) + measured_text(d) for d in designs if d["role"] == "design")])
+
+
+def measured_text(d: dict) -> str:
+    """' · measured outside this run at 8 seeds (SOURCE): 7 of 8 seeds meet every goal ...' when a seed record of
+    the same design and recipe was attached (`attach_record`), else ''."""
+    r = d.get("measured")
+    if r is None:
+        return ""
+    return f" · measured outside this run ({r['source']}): " + distribution_text(r, named=False)
+
+
+def seed_record(result: dict, source: str) -> dict:
+    """What `--record` keeps of a seed study: the rule, the reference and every candidate design's seed
+    distribution with its per-seed numbers, keyed by architecture and training recipe (`attach_record`)."""
+    per_seed = ("seed", "meets", "misses", "cache_rel", "train_rel", "decode_rel", "paddings")
+    designs = [d | {"per_seed": sorted(({k: m[k] for k in per_seed} for m in result["models"]
+                                        if m["design"] == d["design"]), key=lambda m: m["seed"])}
+               for d in result["designs"] if d["role"] == "design"]
+    return {"schema": RECORD_SCHEMA, "source": source, "rule": rule_text(result["goals"]["seeds"]),
+            "goals": result["goals"], "reference": result["reference"],
+            "reference_numbers": result["reference_numbers"], "designs": designs}
+
+
+def attach_record(result: dict, record: dict) -> None:
+    """Give every design of `result` that a seed record measured (same architecture, same training recipe) its
+    `measured` distribution, and restate the verdict with it: a one-seed run (the demo) then says at how many
+    seeds its design was measured to meet every goal."""
+    if record.get("schema") != RECORD_SCHEMA:
+        raise DataError(f"repair: a seed record needs schema {RECORD_SCHEMA!r}, got {record.get('schema')!r}")
+    for d in result["designs"]:
+        found = [r for r in record["designs"] if r["arch"] == d["arch"] and r["recipe"] == d["recipe"]]
+        if found:
+            d["measured"] = found[0] | {"source": record["source"]}
+    result["verdict"] = verdict_text(result["repaired"], result["designs"], Goals(**result["goals"]))
 
 
 def run_repair(root: Path, unrepaired: str, reference: str | None = None, context: int = 32768,
-               bench: Bench | None = None, goals: Goals = Goals(), progress: bool = True) -> dict:
-    """Compare the directory's lookup evaluations under both paddings, check the goals, write DIR/repair/."""
+               bench: Bench | None = None, goals: Goals = Goals(), progress: bool = True,
+               record: dict | None = None) -> dict:
+    """Compare the directory's lookup evaluations under both paddings, check the goals, write DIR/repair/;
+    `record`: a seed record (`seed_record`) whose measurements of the same designs the verdict cites."""
     root = Path(root)
     summaries = {}
     for padding in PADDINGS:
@@ -229,6 +268,8 @@ def run_repair(root: Path, unrepaired: str, reference: str | None = None, contex
                                      protocol=padding, context=context, bench=b, progress=progress,
                                      baseline_flag="--unrepaired")
     result = evaluate(summaries, summaries["prefix"]["baseline"], context, goals, runs=root / "runs")
+    if record is not None:
+        attach_record(result, record)
     write_json(root / "repair" / "goals.json", result, default=json_default)
     plot_frontier(result, root / "repair" / "frontier.png")
     return result

@@ -17,7 +17,15 @@ from phasekv.eval.stats import clopper_pearson
 from phasekv.eval.tokens import WordTokenizer
 from phasekv.mitigate import cli as mitigate_cli
 from phasekv.mitigate.cost import Bench, measure_costs
-from phasekv.mitigate.repair import SCHEMA, Goals, design_name, evaluate
+from phasekv.mitigate.repair import (
+    RECORD_SCHEMA,
+    SCHEMA,
+    Goals,
+    attach_record,
+    design_name,
+    evaluate,
+    seed_record,
+)
 from phasekv.report.render import render_report
 
 FULL, UNREP = "Full attention · 1 KV", "W8/S4 · 1 KV"
@@ -86,6 +94,38 @@ def test_one_failing_seed_of_eight_is_not_repaired_and_is_named():
                             "interval 47-100%); worst seed 45: prefix gap 79.4 [76.4, 82.3], period 6 (p = 0.0001)")
     few = evaluate(_summaries(designs[:3]), UNREP)  # every seed flat, but 3 seeds are too few to judge the design
     assert few["repaired"] == [] and "3 of 3 seeds meet every goal" in few["verdict"] and "too few seeds" in few["verdict"]
+
+
+def test_a_one_seed_run_cites_the_seed_record_of_its_design_and_recipe(tmp_path):
+    """The demo trains its repair at one seed: its verdict says at how many of 8 seeds the same design, trained
+    the same way, was measured to meet every goal (`--record`), and cites nothing for another recipe."""
+    w12 = "W12/S6 · 2 KV"
+
+    def run(alias, gap_prob):
+        (tmp_path / alias).mkdir(exist_ok=True)
+        (tmp_path / alias / "config.json").write_text(json.dumps({"train": {
+            "steps": 800, "data": {"data": "recall", "recall": {"gap_prob": gap_prob}}}}))
+    rows = [_row(_seeded(w12, s), **({"gap": 79.4, "gap_ci": (76.4, 82.3), "period": 6, "p": 0.0001} if s == 45 else {}))
+            for s in SEEDS]
+    for r in rows:
+        run(r["eval_dir"].split("/")[1], 0.5)
+    run("w8s4-1kv", 1.0)
+    record = seed_record(evaluate(_summaries(rows), UNREP, runs=tmp_path), "sweep X")
+    assert record["schema"] == RECORD_SCHEMA and [d["arch"] for d in record["designs"]] == [w12]
+    assert [m["seed"] for m in record["designs"][0]["per_seed"]] == list(SEEDS)
+    assert record["designs"][0]["recipe"]["recall gap_prob"] == 0.5
+    demo = evaluate(_summaries(rows[:1]), UNREP, runs=tmp_path, goals=Goals(seeds=1))
+    attach_record(demo, json.loads(json.dumps(record)))  # as read back from the committed file
+    assert demo["repaired"] == [demo["designs"][1]["design"]] and demo["verdict"].endswith(
+        "1 of 1 seed meets every goal (95% exact interval 2-100%); worst seed 42: prefix gap 0.5 [0.0, 1.5], period 1 "
+        "(p = 0.6000) · measured outside this run (sweep X): 7 of 8 seeds meet every goal (95% exact interval 47-100%);"
+        " worst seed 45: prefix gap 79.4 [76.4, 82.3], period 6 (p = 0.0001)")
+    run(rows[0]["eval_dir"].split("/")[1], 0.25)  # another recipe: the record does not speak for it
+    other = evaluate(_summaries(rows[:1]), UNREP, runs=tmp_path, goals=Goals(seeds=1))
+    attach_record(other, record)
+    assert "measured outside" not in other["verdict"]
+    with pytest.raises(Exception, match="needs schema"):
+        attach_record(other, {"schema": "x"})
 
 
 def test_the_exact_interval_on_known_values():
