@@ -16,6 +16,7 @@
                                           goals.json, frontier.png, prefix/ and in-sequence/ comparisons
     DIR/report/index.html                 the report; DIR/report/figures/*.png its figures as PNG
     DIR/report/claims.json, grid.csv      the verdicts on the study's claims C1-C10; the grid table (Figure 2)
+    DIR/report/family.md                  the section "The family" as Markdown (a family run)
 
 `<alias>` is the model's ASCII alias (`w8s8-1kv`), so directory names stay portable.
 """

@@ -18,7 +18,7 @@ from phasekv.io import write_json, write_text
 from phasekv.mitigate.criteria import verdict_lines
 from phasekv.mitigate.repair import rule_text
 from phasekv.progress import Progress
-from phasekv.report import checks, claims, figures, html, published, tables
+from phasekv.report import checks, claims, family, figures, html, published, tables
 from phasekv.report.html import esc, fmt
 from phasekv.report.layout import Layout
 from phasekv.report.load import Study, load_study
@@ -460,6 +460,19 @@ def _seed_row(d: dict) -> list[str]:
             ", ".join(map(str, d["failing_seeds"])) or "none", esc(worst)]
 
 
+def section_family(b: Builder) -> None:
+    """The grid family (`phasekv study --family`): each design's lookup tested at its grid periods beside the
+    baselines, its knockouts, a plain sentence each; also report/family.md. No section without the family's
+    analyses."""
+    parts = family.tables(b.study)
+    if not parts:
+        return
+    write_text(Layout(b.study.root).report / "family.md", family.family_markdown(b.study))
+    says = "".join(f"<li>{esc(s)}</li>" for s in family.sentences(b.study))
+    body = (f"<ul>{says}</ul>" if says else "") + "".join(family.to_html(t) for t in parts)
+    b.add("family", "The family", body + "<p>Also in <code>family.md</code> beside this page.</p>")
+
+
 def section_published(b: Builder) -> None:
     rows = [[f'<span class="published">{esc(k)}</span>', *(f"{x:.1f}" for x in v)]
             for k, v in published.LOOKUP_PREFIX.items()]
@@ -522,7 +535,7 @@ def render_report(root: str | os.PathLike, progress: bool = True) -> Path:
              *((n, partial(section_retrieval, name=n, primary=i == 0)) for i, n in enumerate(retrieval)),
              *((f.__name__.removeprefix("section_"), f) for f in (
                  section_examples, section_flip, section_knockout, section_gates, section_alignment, section_cycle,
-                 section_compare, section_repair, section_theory, section_published))]
+                 section_compare, section_repair, section_family, section_theory, section_published))]
     with Progress(disable=not progress, transient=True) as prog:
         task = prog.add_task("report", total=len(steps))
         for label, step in steps:

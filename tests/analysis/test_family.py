@@ -77,6 +77,34 @@ def _em(tok, family, hook, grids, fails):
 CFG = PromptConfig(records=12, demos=2, filler=50, modulus=24, per_group=16, keep_n=True, mappings=16)  # 80 tokens
 
 
+def nsa_fails(t, q, attn, b):  # compressed-only fails at phase 3 of d = 4; as trained, flat
+    return attn.branch_gates == "cmp" and t % 4 == 3
+
+
+def moba_fails(t, q, attn, b):  # phases 12-15 of each block fail unless the target's block is forced in
+    return t % 16 >= 12 and (attn.oracle_blocks is None or int(attn.oracle_blocks[b]) != t // 16)
+
+
+def beacon_fails(t, q, attn, b):  # a target in a completed window fails when its beacon is knocked out
+    return t // 32 < q // 32 and (t % 32) // 8 in (attn.beacon_knockout or set())
+
+
+DESIGNS = {"nsa": ("branch_gates", {"d": 4, "l'": 8}, nsa_fails), "moba": ("oracle_blocks", {"B": 16}, moba_fails),
+           "beacon": ("beacon_knockout", {"r": 8, "w": 32}, beacon_fails)}
+
+
+@pytest.fixture(scope="module")
+def study(tok, tmp_path_factory):
+    """A study directory with the three stand-ins' family analyses: {design: (out dir, summary, model)}."""
+    root = tmp_path_factory.mktemp("family")
+    out = {}
+    for design, (hook, grids, fails) in DESIGNS.items():
+        em = _em(tok, design, hook, grids, fails)
+        d = root / "analysis" / "family" / f"fake-{design}"
+        out[design] = (d, analyze_family(em, CFG, d, ko_per_group=16, n_boot=200, progress=False), em)
+    return root, out
+
+
 def test_plan_grid_moduli():
     cfg = PromptConfig(records=16, demos=4, filler=48, modulus=24, per_group=576)
     assert cfg.target_positions == 79
@@ -94,13 +122,9 @@ def test_plan_grid_moduli():
         plan_grid("x", 0, cfg)
 
 
-def test_nsa_compressed_branch_masked(tok, tmp_path):
+def test_nsa_compressed_branch_masked(study):
     """Compressed-only fails at phase 3 of d = 4; the model as trained is flat: the analysis says it masks."""
-    def fails(t, q, attn, b):
-        return attn.branch_gates == "cmp" and t % 4 == 3
-
-    em = _em(tok, "nsa", "branch_gates", {"d": 4, "l'": 8}, fails)
-    s = analyze_family(em, CFG, tmp_path, ko_per_group=16, n_boot=200, progress=False)
+    out, s, _ = study[1]["nsa"]
     assert [(p["modulus"], p["test"]) for p in s["plans"]] == [(24, "period"), (24, "period")]
     assert s["lookup"]["prefix"]["mean"] == 100 and s["lookup"]["in-sequence"]["gap"] == 0
     by = {c["condition"]: c for c in s["knockouts"]["runs"][0]["conditions"]}
@@ -111,26 +135,22 @@ def test_nsa_compressed_branch_masked(tok, tmp_path):
     assert by[LEARNED]["grids"][0]["weak_spot"] is False and by["sel"]["mean"] == 100
     assert s["knockouts"]["masking"]["masks"] is True
     assert "mask the compressed branch: compressed-only is periodic at d" in reading(s)
-    gates = pd.read_parquet(tmp_path / "gates.parquet")
+    gates = pd.read_parquet(out / "gates.parquet")
     values = gates[["cmp", "sel", "win"]].to_numpy()
     assert set(gates.grid) == {"d", "l'"} and ((values > 0) & (values < 1)).all()
     assert len(gates[gates.grid == "d"]) == 4 * 2  # phases x layers
-    effect = pd.read_parquet(tmp_path / "results.parquet")
+    effect = pd.read_parquet(out / "results.parquet")
     ph = effect[(effect.unit == "cmp") & (effect.grid == "d")].set_index("group")["change"]
     assert ph[3] == -100 and ph[0] == 0
 
 
-def test_moba_oracle_block_and_hook_restored(tok, tmp_path):
+def test_moba_oracle_block_and_hook_restored(study):
     """Phases 12-15 of each block fail unless the target's block is forced in: the oracle repairs them."""
-    def fails(t, q, attn, b):
-        return t % 16 >= 12 and (attn.oracle_blocks is None or int(attn.oracle_blocks[b]) != t // 16)
-
-    em = _em(tok, "moba", "oracle_blocks", {"B": 16}, fails)
-    s = analyze_family(em, CFG, tmp_path, ko_per_group=16, n_boot=200, progress=False)
+    out, s, em = study[1]["moba"]
     (plan,) = s["plans"]
     assert (plan["modulus"], plan["test"]) == (16, "gap")  # 32 would need 94 positions, these prompts have 73
     assert s["lookup"]["prefix"]["grids"][0]["modulus"] == 16
-    assert (tmp_path / "lookup-prefix-m16" / "summary.json").is_file()
+    assert (out / "lookup-prefix-m16" / "summary.json").is_file()
     run = s["knockouts"]["runs"][0]
     by = {c["condition"]: c for c in run["conditions"]}
     assert run["modulus"] == 16 and by[LEARNED]["worst"] == 0 and by["oracle (key's block)"]["mean"] == 100
@@ -139,17 +159,27 @@ def test_moba_oracle_block_and_hook_restored(tok, tmp_path):
     assert "accuracy depends on t mod 16" in reading(s)
 
 
-def test_beacon_knockouts_by_offset(tok, tmp_path):
-    def fails(t, q, attn, b):
-        return t // 32 < q // 32 and (t % 32) // 8 in (attn.beacon_knockout or set())
-
-    em = _em(tok, "beacon", "beacon_knockout", {"r": 8, "w": 32}, fails)
-    s = analyze_family(em, CFG, tmp_path, ko_per_group=16, n_boot=200, progress=False)
+def test_beacon_knockouts_by_offset(study):
+    out, s, _ = study[1]["beacon"]
     assert [p["test"] for p in s["plans"]] == ["period", None]  # r at M = 24; w = 32 does not fit
     assert "w not determinable" in reading(s)
-    beacons = pd.read_parquet(tmp_path / "beacons.parquet").set_index(["condition", "group"])["change"]
+    beacons = pd.read_parquet(out / "beacons.parquet").set_index(["condition", "group"])["change"]
     assert beacons["beacon 1 out", "1"] == -100 and beacons["beacon 1 out", "2"] == 0
     assert beacons["beacon 1 out", "raw"] == 0
+
+
+def test_report_section(study):
+    """The report's tables and sentences from the study directory alone (no model)."""
+    from phasekv.report import family
+    from phasekv.report.load import load_study
+
+    loaded = load_study(study[0])
+    titles = [t.title for t in family.tables(loaded)]
+    assert titles[0] == "Lookup by design and padding" and len(family.tables(loaded)[0].rows) == 3 * 2
+    assert any("branch knockouts" in t for t in titles) and any("beacon that holds the target" in t for t in titles)
+    md = family.family_markdown(loaded)
+    assert md.startswith("## The family") and "compressed only" in md and "| fake nsa | prefix | 100.0" in md
+    assert len(family.sentences(loaded)) == 6
 
 
 def test_conditions_and_masking_rules():

@@ -1,0 +1,172 @@
+"""The report's section "The family": the grid family's designs (NSA, MoBA, Activation Beacon) beside full
+attention and W8/S4 · 1 KV from the same run, from each model's family analysis (`phasekv.analysis.family`,
+DIR/analysis/family/<alias>/). Every table is built once as text cells and written both into the page and as
+Markdown (DIR/report/family.md), so a results page quotes exactly what the report says."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from phasekv.analysis.family import BRANCH_WORDS, LEARNED, reading
+from phasekv.report import html
+from phasekv.report.html import esc, fmt
+from phasekv.report.load import Stage, Study
+
+
+@dataclass
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+    note: str = ""
+    aliases: list[str | None] = field(default_factory=list)
+
+
+def _ci(x: float, ci) -> str:
+    return f"{fmt(x)} [{fmt(ci[0])}, {fmt(ci[1])}]"
+
+
+def _p(p) -> str:
+    return "–" if p is None else f"{p:.4f}"
+
+
+def grid_text(t: dict) -> str:
+    """One grid's test in words: '"d = 4 (mod 24): weakest phase 3, p 0.0001, weak spot"'."""
+    head = f"{t['grid']} = {t['period']} (mod {t['modulus']}): "
+    if t["test"] == "gap":
+        return head + f"gap {_ci(t['gap'], t['gap_ci'])}, period {t['detected_period']} (no period test)"
+    spot = "periodic weak spot" if t["weak_spot"] else "none"
+    return head + f"weakest phase {t['weakest_phase']}, p {_p(t['p_value'])}: {spot}"
+
+
+def _ordered(study: Study) -> list[tuple[str, Stage]]:
+    """The family analyses, the baselines (no design) first, each group in the study's model order."""
+    stages = study.analyses.get("family", {})
+    order = [a for a in study.models if a in stages] + [a for a in stages if a not in study.models]
+    return sorted(((a, stages[a]) for a in order), key=lambda kv: kv[1].summary.get("design") is not None)
+
+
+def lookup_table(study: Study) -> Table:
+    rows, aliases = [], []
+    for alias, st in _ordered(study):
+        s = st.summary
+        untested = [p for p in s["plans"] if p["test"] is None]
+        for padding, lk in s["lookup"].items():
+            tests = [grid_text(t) for t in lk["grids"]] + [f"{p['grid']} = {p['period']}: not determinable"
+                                                          for p in untested]
+            rows.append([s["model"], padding, _ci(lk["mean"], lk["mean_ci"]), fmt(lk["worst"]), fmt(lk["best"]),
+                         _ci(lk["gap"], lk["gap_ci"]), fmt(lk["detected_period"]), "; ".join(tests)])
+            aliases.append(alias)
+    first = _ordered(study)[0][1].summary if rows else {}
+    m = first.get("lookup", {}).get("prefix", {}).get("modulus")
+    note = (f"Lookup accuracy in percent; mean, worst, best, gap and period over residues mod {m} (the study's "
+            "modulus; 95% intervals: bootstrap over key-name mappings, the gap cross-fitted). Each grid period g is "
+            "tested on residues mod M_g: the profile folded at g, its weakest phase, and the permutation p of its "
+            f"power at period g (a periodic weak spot: p < {first.get('alpha', 0.01)} and the gap's interval above 0). "
+            "A period whose multiples need more target positions than the prompts have is tested for a gap alone "
+            "(M_g = g) or is not determinable at this prompt length. The baselines are tested at every grid of the "
+            "family, where a weak spot is not expected.")
+    return Table("Lookup by design and padding", ["model", "padding", "mean [95%]", "worst", "best", "gap [95%]",
+                                                  "period", "at each grid"], rows, note, aliases)
+
+
+def _condition_word(name: str) -> str:
+    return BRANCH_WORDS.get(name, "as trained" if name == LEARNED else name)
+
+
+def knockout_tables(study: Study) -> list[Table]:
+    """Per design with knockouts: each condition's mean, gap and its grid tests (accuracy by phase)."""
+    out = []
+    for alias, st in _ordered(study):
+        ko = st.summary.get("knockouts")
+        if not ko:
+            continue
+        for run in ko["runs"]:
+            rows = []
+            for c in run["conditions"]:
+                phases = ["; ".join(f"{g['grid']}: " + " / ".join(f"{x:.0f}" for x in g["phase_profile"])
+                                    + f" (weakest {g['weakest_phase']}, p {_p(g['p_value'])})" for g in c["grids"])]
+                rows.append([_condition_word(c["condition"]), _ci(c["mean"], c["mean_ci"]), fmt(c["worst"]),
+                             fmt(c["best"]), _ci(c["gap"], c["gap_ci"]), fmt(c["detected_period"]), *phases])
+            what = {"branch_gates": "branch knockouts (gates fixed at evaluation: open branches 1, others 0)",
+                    "oracle_blocks": "the oracle block (the target's block forced into every later query's "
+                                     "selection)",
+                    "beacon_knockout": "beacon knockouts (one beacon of every completed window removed)"}[ko["hook"]]
+            note = (f"{ko['padding']} padding, {run['per_group']} prompts per residue group mod {run['modulus']}, the "
+                    "same prompts in every row (paired); accuracy by phase at each grid in percent.")
+            out.append(Table(f"{st.summary['model']}: {what}",
+                             ["condition", "mean [95%]", "worst", "best", "gap [95%]", "period", "accuracy by phase"],
+                             rows, note, [alias] * len(rows)))
+    return out
+
+
+def beacon_table(study: Study) -> Table | None:
+    for alias, st in _ordered(study):
+        path = st.path / "beacons.parquet"
+        if not path.is_file():
+            continue
+        t = pd.read_parquet(path)
+        groups = list(dict.fromkeys(t["group"]))
+        wide = t.pivot(index="condition", columns="group", values="acc").reindex(columns=groups)
+        change = t.pivot(index="condition", columns="group", values="change").reindex(columns=groups)
+        rows = [[_condition_word(c), *(f"{fmt(wide.at[c, g])} ({change.at[c, g]:+.1f})" for g in groups)]
+                for c in dict.fromkeys(t["condition"])]
+        n = t[t["condition"] == LEARNED].set_index("group")["n"]
+        return Table(f"{st.summary['model']}: accuracy by the beacon that holds the target",
+                     ["condition", *(f"target in {'the raw window' if g == 'raw' else f'beacon {g}'} (n {n[g]})"
+                                     for g in groups)], rows,
+                     "Accuracy in percent (change from the model as trained, points) by where the target key sits: "
+                     "beacon i of a completed window (raw offsets i·r .. i·r + r − 1), or the query's own window, "
+                     "whose raw tokens stay. Groups follow the lookup's position design (not moment-matched by "
+                     "group); the comparison with the model as trained is paired.", [alias] * len(rows))
+    return None
+
+
+def gate_table(study: Study) -> Table | None:
+    for alias, st in _ordered(study):
+        path = st.path / "gates.parquet"
+        if not path.is_file():
+            continue
+        g = pd.read_parquet(path)
+        rows = [[r.grid, str(r.phase), str(r.layer), fmt(r.cmp, 3), fmt(r.sel, 3), fmt(r.win, 3)]
+                for r in g.itertuples()]
+        return Table(f"{st.summary['model']}: branch gates at the query by the target's phase",
+                     ["grid", "phase", "layer", "compressed", "selected", "window"], rows,
+                     "Mean sigmoid gate of each branch at the query token (over heads and prompts, the model as "
+                     "trained), by the target key's phase at each grid.", [alias] * len(rows))
+    return None
+
+
+def tables(study: Study) -> list[Table]:
+    if not study.analyses.get("family"):
+        return []
+    return [t for t in (lookup_table(study), *knockout_tables(study), beacon_table(study), gate_table(study))
+            if t is not None]
+
+
+def sentences(study: Study) -> list[str]:
+    """The plain sentence of every design, under each padding."""
+    return [reading(st.summary, padding) for _, st in _ordered(study) if st.summary.get("design")
+            for padding in st.summary["lookup"]]
+
+
+def to_html(t: Table) -> str:
+    return (f"<h3>{esc(t.title)}</h3>" + html.table([esc(h) for h in t.headers], [[esc(c) for c in r] for r in t.rows],
+                                                    t.aliases or None) + (f"<p>{esc(t.note)}</p>" if t.note else ""))
+
+
+def to_markdown(t: Table) -> str:
+    def cell(x: str) -> str:
+        return x.replace("|", "\\|")
+
+    lines = [f"### {t.title}", "", "| " + " | ".join(map(cell, t.headers)) + " |", "|" + "---|" * len(t.headers)]
+    lines += ["| " + " | ".join(map(cell, r)) + " |" for r in t.rows]
+    return "\n".join(lines + (["", t.note] if t.note else []))
+
+
+def family_markdown(study: Study) -> str:
+    """The section as Markdown: the plain sentences, then every table."""
+    says = "\n".join(f"- {s}" for s in sentences(study))
+    return "## The family\n\n" + (says + "\n\n" if says else "") + "\n\n".join(to_markdown(t) for t in tables(study)) + "\n"
