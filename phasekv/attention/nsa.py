@@ -13,6 +13,13 @@
 
 Each branch's output is weighted by a per-head sigmoid gate of the hidden state and the three summed.
 
+Scale: the paper's l = 32, d = 16, l' = 64, n = 16, w = 512 cannot be used on the demo's 96-token sequences (the
+window alone would cover every token and one selection block would hold two thirds of them: nothing would reach
+a distant record through the compressed or selected branch). The family's tiny model, `NSA l8/d4 · select 8 top 2
+· window 16`, divides them by 4-8 and keeps their shape: l = 2d (overlapping blocks), l' = l, 12 selection blocks
+in 96 tokens of which a query takes 2 plus its own (sparse), a window of 16 that leaves most of the context to the
+other two branches, and grids d = 4 and l' = 8 that divide the residue modulus 24.
+
 Conventions that phasekv's other designs do not share (`Conventions`; `PEER` reproduces the PyPI package
 `native-sparse-attention-pytorch` 0.2.3's `SparseAttention(causal=True)` with weights copied across):
 - rope_layout: None (the model's RoPE, Qwen3's rotate-half) or "trailing", which over all head dims is the
@@ -37,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from phasekv.attention.attention import Attention, attend
+from phasekv.attention.attention import Attention
 from phasekv.attention.rope import LAYOUTS
 from phasekv.config import ModelConfig
 from phasekv.errors import ConfigError
@@ -219,10 +226,11 @@ class NSAAttention(Attention):
         causal = key_pos[None, :] <= pos[:, None]  # (Tq, N)
         own = causal & (key_block[None, :] == (pos // sel_l)[:, None])  # (Tq, N)
         chosen = F.pad(chosen, (0, int(key_block[-1]) + 1 - chosen.shape[-1]))  # incomplete blocks: never chosen
-        sel_mask = own | chosen[..., key_block]  # (B, n_kv, Tq, N)
+        sel_mask = (own | chosen[..., key_block])[:, :, None].expand(B, n_kv, g, Tq, N)  # per query head
         qr = self._rope(q, pos)  # (B, H, Tq, D)
-        sel = attend(qr, cache.k, cache.v, sel_mask[:, :, None])
-        win = attend(qr, cache.k, cache.v, causal & (key_pos[None, :] > pos[:, None] - w))
+        sel = F.scaled_dot_product_attention(qr, cache.k, cache.v, sel_mask.reshape(B, H, Tq, N), enable_gqa=True)
+        win_mask = causal & (key_pos[None, :] > pos[:, None] - w)  # (Tq, N)
+        win = F.scaled_dot_product_attention(qr, cache.k, cache.v, win_mask, enable_gqa=True)
         return torch.stack([cmp, sel, win], -1)
 
     def _select(self, logits: torch.Tensor, probs: torch.Tensor, pos: torch.Tensor, n_sel: int) -> torch.Tensor:
