@@ -100,7 +100,20 @@ def load(path: str | Path, device: str | torch.device = "cpu", trust_remote_code
         return EvalModel(opened.model, tok, f"{cfg.model_type}:{path.name}", "hf", hf_stride(cfg.to_dict()), info)
     info = {"path": str(path), "weights": str(opened.weights), "config": cfg.to_dict(),
             "tokenizer": str(tokenizer or "run"), **evaluation_info(path)}
-    return EvalModel(opened.model, tok, cfg.name, "phasekv", cfg.stride if cfg.compressed else None, info)
+    if cfg.family is not None:  # a grid-family design: every grid period is a ratio to test (NSA: d and l')
+        info["ratios"] = family_ratios(cfg)
+    grids = cfg.grids
+    return EvalModel(opened.model, tok, cfg.name, "phasekv", min(grids.values()) if grids else None, info)
+
+
+def family_ratios(cfg) -> list[dict]:
+    """A family design's grid periods as ratio rows, {"ratio": period, "layer_types": ["MoBA block B (every
+    layer)", ...]}, one row per distinct period (NSA's d and l' may coincide); its stride is the smallest."""
+    design = {"nsa": "NSA", "moba": "MoBA", "beacon": "Activation Beacon"}[cfg.family]
+    rows: dict[int, list[str]] = {}
+    for name, period in cfg.grids.items():
+        rows.setdefault(period, []).append(f"{design} grid {name} = {period} (every layer)")
+    return [{"ratio": r, "layer_types": t} for r, t in sorted(rows.items())]
 
 
 def evaluation_info(path: str | Path) -> dict:

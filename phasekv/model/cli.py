@@ -24,6 +24,8 @@ SET_HELP = f"Overrides of the preset's backbone, e.g. 'n_layers=4,d_model=96' (f
 def cache_bytes(config: ModelConfig, context: int, batch_size: int = 1) -> int:
     """Bytes a decode cache of this config holds after `context` tokens, computed without running the model."""
     per_token = 2 * batch_size * config.n_kv_heads * config.head_dim * 4  # fp32 K and V of one token, one layer
+    if config.family is not None:
+        return config.n_layers * family_layer_cache_bytes(config, context, per_token)
     if not config.compressed:
         return config.n_layers * context * per_token
     total = 0
@@ -39,6 +41,22 @@ def cache_bytes(config: ModelConfig, context: int, batch_size: int = 1) -> int:
         total += tied * (entries * branch_entry + in_flight * partial) + exact * per_token * tied // 2
         total += batch_size * max(map(config.head_delay, range(config.n_kv_heads))) * config.d_model * 4  # history
     return total
+
+
+def family_layer_cache_bytes(config: ModelConfig, context: int, per_token: int) -> int:
+    """One layer's decode-cache bytes of a family design after `context` tokens (per_token: one token's K and V).
+    MoBA: every token and a mean key per complete block; NSA: every token, the compressed blocks and the
+    un-rotated tokens of the block in progress (with its l - d padding); Activation Beacon: w / r beacons per
+    complete window, the current window's raw tokens and beacons, and each kept slot's position (int64)."""
+    if config.family == "moba":
+        return context * per_token + (context // config.block) * per_token // 2
+    if config.family == "nsa":
+        d = config.block_stride
+        return (context + context // d + config.block - d + context % d) * per_token
+    r, w = config.beacon_ratio, config.beacon_window
+    inside = context % w
+    slots = (context // w) * (w // r) + inside + inside // r
+    return slots * (per_token + 8)
 
 
 def register(app: typer.Typer) -> None:

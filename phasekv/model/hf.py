@@ -83,13 +83,13 @@ def from_hf(hf_model):
 def to_hf(model, evaluation: dict | None = None):
     """transformers Qwen3ForCausalLM with this (full-attention) model's weights; `evaluation` (the run's
     evaluation metadata) goes into its config under EVAL_KEY, so `save_pretrained` writes it beside the weights."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     c = model.config
-    if c.compressed:
-        raise ConfigError(f"{c.name}: only full-attention models convert to Qwen3 (transformers has no compressor)")
+    if c.compressed or c.family is not None:
+        raise ConfigError(f"{c.name}: only full-attention models convert to Qwen3 (transformers has no compressor, "
+                          "NSA, MoBA or Activation Beacon)")
     if c.rope_dims is not None or not c.qk_norm:
         raise ConfigError(f"{c.name}: Qwen3 needs RoPE on all dims and QK-norm")
+    from transformers import Qwen3Config, Qwen3ForCausalLM
     hf_config = Qwen3Config(
         vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff, num_hidden_layers=c.n_layers,
         num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads, head_dim=c.head_dim,
