@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from phasekv.attention.attention import Attention
+from phasekv.attention.cache import Growable
 from phasekv.attention.rope import LAYOUTS
 from phasekv.config import ModelConfig
 from phasekv.errors import ConfigError
@@ -78,18 +79,18 @@ class NSACache:
     un-rotated keys/values from the first token of the next block on (the left padding at the start)."""
 
     def __init__(self):
-        self.k = self.v = None  # (B, n_kv, N, D): rotated keys, values of positions 0..N-1
-        self.ck = self.cv = None  # (B, n_kv, n_blocks, D): compressed keys, values of complete blocks
+        self.k, self.v = Growable(), Growable()  # (B, n_kv, N, D): rotated keys, values of positions 0..N-1
+        self.ck, self.cv = Growable(), Growable()  # (B, n_kv, n_blocks, D): compressed keys, values of complete blocks
         self.raw_k = self.raw_v = None  # (B, n_kv, m, D): un-rotated keys, values from position n_blocks d - (l - d)
 
     @property
     def n(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
+        return self.k.n
 
     @property
     def nbytes(self) -> int:
-        held = (self.k, self.v, self.ck, self.cv, self.raw_k, self.raw_v)
-        return sum(t.numel() * t.element_size() for t in held if t is not None)
+        raw = sum(t.numel() * t.element_size() for t in (self.raw_k, self.raw_v) if t is not None)
+        return self.k.nbytes + self.v.nbytes + self.ck.nbytes + self.cv.nbytes + raw
 
 
 def _mlp(inp: int, out: int) -> nn.Sequential:
@@ -189,18 +190,16 @@ class NSAAttention(Attention):
         """Append a chunk's keys k (un-rotated), values v (B, n_kv, T, D) at pos to the cache; write the blocks
         they complete."""
         block, d = self.cfg.block, self.cfg.block_stride
-        if cache.k is None:  # the left padding: block 0 starts l - d slots before position 0
-            pad = k.new_zeros(*k.shape[:2], block - d, k.shape[3])  # (B, n_kv, l - d, D)
-            cache.raw_k, cache.raw_v = pad, pad
-            cache.ck = cache.cv = k.new_zeros(*k.shape[:2], 0, k.shape[3])
-        kr = self._rope(k, pos)  # (B, n_kv, T, D)
-        cache.k = kr if cache.k is None else torch.cat([cache.k, kr], 2)
-        cache.v = v if cache.v is None else torch.cat([cache.v, v], 2)
+        if cache.raw_k is None:  # the left padding: block 0 starts l - d slots before position 0
+            cache.raw_k = cache.raw_v = k.new_zeros(*k.shape[:2], block - d, k.shape[3])  # (B, n_kv, l - d, D)
+        cache.k.append(self._rope(k, pos))
+        cache.v.append(v)
         cache.raw_k, cache.raw_v = torch.cat([cache.raw_k, k], 2), torch.cat([cache.raw_v, v], 2)
-        n_new = cache.n // d - cache.ck.shape[2]  # blocks completed by this chunk
+        n_new = cache.n // d - cache.ck.n  # blocks completed by this chunk
         if n_new > 0:
             ck, cv = self.compress(cache.raw_k, cache.raw_v, n_new)
-            cache.ck, cache.cv = torch.cat([cache.ck, ck], 2), torch.cat([cache.cv, cv], 2)
+            cache.ck.append(ck)
+            cache.cv.append(cv)
             cache.raw_k, cache.raw_v = cache.raw_k[:, :, n_new * d :], cache.raw_v[:, :, n_new * d :]
 
     def _branches(self, q: torch.Tensor, pos: torch.Tensor, cache: NSACache) -> torch.Tensor:
@@ -212,8 +211,8 @@ class NSAAttention(Attention):
         g = H // n_kv
         # compressed: memory + the blocks complete strictly before the query, un-rotated
         mk, mv = (m.expand(B, -1, -1, -1) for m in self.memory)  # (B, n_kv, 1, D)
-        ck, cv = torch.cat([mk, cache.ck], 2), torch.cat([mv, cache.cv], 2)  # (B, n_kv, 1 + n_blocks, D)
-        block_end = torch.arange(cache.ck.shape[2], device=q.device) * d + d - 1  # last token of each block
+        ck, cv = torch.cat([mk, cache.ck.view(mk)], 2), torch.cat([mv, cache.cv.view(mv)], 2)  # (B, n_kv, 1 + n_blocks, D)
+        block_end = torch.arange(cache.ck.n, device=q.device) * d + d - 1  # last token of each block
         visible = F.pad(block_end[None, :] < pos[:, None], (1, 0), value=True)  # (Tq, 1 + n_blocks)
         qg = q.view(B, n_kv, g, Tq, D)  # query heads grouped by the KV head they read
         logits = (qg @ ck[:, :, None].transpose(-1, -2) * D**-0.5).masked_fill(~visible, float("-inf"))
@@ -228,9 +227,10 @@ class NSAAttention(Attention):
         chosen = F.pad(chosen, (0, int(key_block[-1]) + 1 - chosen.shape[-1]))  # incomplete blocks: never chosen
         sel_mask = (own | chosen[..., key_block])[:, :, None].expand(B, n_kv, g, Tq, N)  # per query head
         qr = self._rope(q, pos)  # (B, H, Tq, D)
-        sel = F.scaled_dot_product_attention(qr, cache.k, cache.v, sel_mask.reshape(B, H, Tq, N), enable_gqa=True)
+        k, v = cache.k.view(mk), cache.v.view(mv)  # (B, n_kv, N, D)
+        sel = F.scaled_dot_product_attention(qr, k, v, sel_mask.reshape(B, H, Tq, N), enable_gqa=True)
         win_mask = causal & (key_pos[None, :] > pos[:, None] - w)  # (Tq, N)
-        win = F.scaled_dot_product_attention(qr, cache.k, cache.v, win_mask, enable_gqa=True)
+        win = F.scaled_dot_product_attention(qr, k, v, win_mask, enable_gqa=True)
         return torch.stack([cmp, sel, win], -1)
 
     def _select(self, logits: torch.Tensor, probs: torch.Tensor, pos: torch.Tensor, n_sel: int) -> torch.Tensor:
