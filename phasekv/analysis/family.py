@@ -436,8 +436,9 @@ def reading(summary: dict, padding: str = "prefix") -> str:
     if lk is None:
         return f"{summary['model']}: no {padding} lookup."
     if lk["mean_ci"][0] <= 2 * summary["chance"]:
-        return (f"{summary['model']}: mean {lk['mean']:.1f}% [{lk['mean_ci'][0]:.1f}, {lk['mean_ci'][1]:.1f}] is within "
-                f"twice chance ({summary['chance']:.1f}%): it does not retrieve, so its phase profile says nothing.")
+        return (f"{summary['model']} ({padding} padding): mean {lk['mean']:.1f}% [{lk['mean_ci'][0]:.1f}, "
+                f"{lk['mean_ci'][1]:.1f}], its interval not above twice chance ({2 * summary['chance']:.1f}%): it does "
+                "not retrieve, so its phase profile says nothing.")
     parts = []
     for t in lk["grids"]:
         where = f"{t['grid']} = {t['period']} (mod {t['modulus']})"
