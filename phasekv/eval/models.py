@@ -109,7 +109,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", trust_remote_code
 def family_ratios(cfg) -> list[dict]:
     """A family design's grid periods as ratio rows, {"ratio": period, "layer_types": ["MoBA block B (every
     layer)", ...]}, one row per distinct period (NSA's d and l' may coincide); its stride is the smallest."""
-    design = {"nsa": "NSA", "moba": "MoBA", "beacon": "Activation Beacon"}[cfg.family]
+    design = cfg.name.split(" ")[0]  # the design's word in its name: NSA, MoBA, Beacon
     rows: dict[int, list[str]] = {}
     for name, period in cfg.grids.items():
         rows.setdefault(period, []).append(f"{design} grid {name} = {period} (every layer)")

@@ -66,7 +66,8 @@ def test_every_grid_period_is_an_evaluation_ratio():
     same = ModelConfig.from_name("nsa-l4d4-sel4k2-win8-1kv")  # d = l' = 4: one ratio, both grids named
     assert family_ratios(same) == [{"ratio": 4, "layer_types": ["NSA grid d = 4 (every layer)",
                                                                 "NSA grid l' = 4 (every layer)"]}]
-    assert [r["ratio"] for r in family_ratios(ModelConfig.from_name("beacon-r8w24-1kv"))] == [8, 24]
+    beacon = family_ratios(ModelConfig.from_name("beacon-r8w24-1kv"))
+    assert beacon[1] == {"ratio": 24, "layer_types": ["Beacon grid w = 24 (every layer)"]}
 
 
 def test_family_models_do_not_convert_to_qwen3():
