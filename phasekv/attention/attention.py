@@ -22,8 +22,9 @@ DECODE_CHUNK = 64  # cached chunks up to this many tokens attend in place (decod
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
            sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """Reference masked attention. q (B, H, Tq, D); k, v (B, n_kv, N, D); mask (Tq, N) bool; sinks (H,) logits
-    of an attention sink (a key every query sees, value 0) or None -> (B, H, Tq, D)."""
+    """Reference masked attention. q (B, H, Tq, D); k, v (B, n_kv, N, D); mask (Tq, N) bool, or (B, n_kv, 1, Tq, N)
+    per sequence and KV head; sinks (H,) logits of an attention sink (a key every query sees, value 0) or None
+    -> (B, H, Tq, D)."""
     B, H, Tq, D = q.shape
     n_kv = k.shape[1]
     q = q.view(B, n_kv, H // n_kv, Tq, D)  # query heads grouped by the KV head they read
@@ -99,11 +100,12 @@ class Attention(nn.Module):
         if self.compressor is None:
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # the last query sees every key
         ek, ev = self.compressor.entries(h, self.k_norm, shift)  # (B, n_kv, n, D) each
+        holds = self.compressor.holds_token(ek.shape[2], shift)  # (B, n_kv, n) or None: entries with a token
         a = max(0, h.shape[1] - self.grid.exact_keep)  # oldest exact token the last query may see
         rk, k_t = k[:, :, a:-1], k[:, :, -1:]  # (B, n_kv, T - 1 - a, D): the ring before it; (B, n_kv, 1, D)
         rv, v_t = (rk, k_t) if v is k else (v[:, :, a:-1], v[:, :, -1:])  # tied K/V stay one tensor
         return blockwise.blockwise_attention(q, pos[-1:], ek, ev, k_t, v_t, self.grid, ring=(rk, rv, pos[a:-1]),
-                                             sinks=self.sinks)
+                                             sinks=self.sinks, holds=holds)
 
     def _attend(self, h: torch.Tensor, pos: torch.Tensor, cache, shift: torch.Tensor | None = None) -> torch.Tensor:
         """The per-head outputs z (B, H, T, D) of any chunk (the reference for `decode.step`)."""
@@ -129,12 +131,15 @@ class Attention(nn.Module):
 
     def _compressed(self, q, k, v, h, pos, shift=None) -> torch.Tensor:
         ek, ev = self.compressor.entries(h, self.k_norm, shift)  # (B, n_kv, n, D) each
+        holds = self.compressor.holds_token(ek.shape[2], shift)  # (B, n_kv, n) or None: entries with a token
         j = torch.arange(ek.shape[2], device=pos.device)
         if blockwise.backend() == "blockwise":
-            return blockwise.blockwise_attention(q, pos, ek, ev, k, v, self.grid, sinks=self.sinks)
+            return blockwise.blockwise_attention(q, pos, ek, ev, k, v, self.grid, sinks=self.sinks, holds=holds)
         if blockwise.backend() == "flex":
-            return blockwise.flex_attention(q, pos, ek, ev, k, v, self.grid, sinks=self.sinks)
+            return blockwise.flex_attention(q, pos, ek, ev, k, v, self.grid, sinks=self.sinks, holds=holds)
         mask = self.grid.mask(pos, j, pos)  # the reference: dense (T, n + T) mask
+        if holds is not None:  # per sequence and KV head: (B, n_kv, 1, T, n + T)
+            mask = mask & F.pad(holds, (0, k.shape[2]), value=True)[:, :, None, None]
         return attend(q, torch.cat([ek, k], 2), torch.cat([ev, v], 2), mask, self.sinks)
 
     def _compressed_cached(self, q, k, v, h, pos, cache: CompressedLayerCache) -> torch.Tensor:

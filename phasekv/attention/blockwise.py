@@ -56,11 +56,13 @@ def use_backend(name: str) -> Iterator[None]:
 
 def blockwise_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor, grid: Grid, ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                        block: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                        block: int | None = None, sinks: torch.Tensor | None = None,
+                        holds: torch.Tensor | None = None) -> torch.Tensor:
     """q (B, H, T, D) at contiguous positions pos (T,); entries ek, ev (B, n_kv, n, D) numbered 0..n-1;
     exact k, v (B, n_kv, T, D) of the same positions; ring: exact rk, rv (B, n_kv, R, D) at rpos (R,)
-    held from before pos[0]; sinks (H,) attention-sink logits or None. Returns (B, H, T, D), equal to
-    `attend` over `Grid.mask`."""
+    held from before pos[0]; sinks (H,) attention-sink logits or None; holds (B, n_kv, n) bool or None: per
+    sequence, the entries whose windows hold a token (`Compressor.holds_token`; the others are masked). Returns
+    (B, H, T, D), equal to `attend` over `Grid.mask` (and `holds`)."""
     block = block or block_size(q.device, q.shape[2])
     tied = ev is ek and v is k
     rk, rv, rpos = ring if ring is not None else (k[:, :, :0], v[:, :, :0], pos[:0])
@@ -75,6 +77,8 @@ def blockwise_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev
         zeros = [k.new_zeros(*k.shape[:2], pad, k.shape[3])] if pad else []  # masked keys up to `key_align`
         keys = torch.cat([ek[:, :, :n_b], rk, *k_bands[i], *zeros], 2)  # (B, n_kv, N, D)
         values = keys if tied else torch.cat([ev[:, :, :n_b], rv, *v_bands[i], *zeros], 2)
+        if holds is not None:  # per sequence and KV head: (rows, N) -> (B, n_kv, rows, N)
+            mask = mask & F.pad(holds[:, :, :n_b], (0, keys.shape[2] - n_b), value=True)[:, :, None]
         out.append(sdpa(q_b, keys, values, mask, sinks is not None))
     return torch.cat(out, 1).transpose(1, 2)  # (B, H, T, D) in (B, T, H, D) memory: o_proj reads it in place
 
@@ -133,7 +137,7 @@ def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.
     `sink`, q comes from `sink_query` and the sink key joins every query's softmax. `mask` (Tq, N) has a row per
     query, or (Tq * g, N) a row per query head (t-major, g = H / n_kv per KV head): then the g heads reading one
     KV head run as Tq * g rows of one head, one kernel call without GQA's per-group reduction of key and value
-    gradients (~10% faster on CPU, measured)."""
+    gradients (~10% faster on CPU, measured). Either may be per sequence and KV head, (B, n_kv, rows, N)."""
     B, H, Tq, _ = q.shape
     n_kv, D = keys.shape[1], values.shape[-1]
     g = H // n_kv
@@ -143,7 +147,8 @@ def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.
         keys = torch.cat([F.pad(keys, (0, 1)), sink_key], 2)  # (B, n_kv, N + 1, D + 1)
         values = F.pad(values, (0, 0, 0, 1))  # (B, n_kv, N + 1, D): the sink adds no value
         mask = F.pad(mask, (0, 1), value=True)  # (Tq or Tq * g, N + 1)
-    if mask.shape[0] == Tq:
+    if mask.shape[-2] == Tq:
+        mask = mask if mask.dim() == 2 else mask.repeat_interleave(g, 1)  # (B, H, Tq, N): one per query head
         z = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True, scale=D**-0.5)
         return z.transpose(1, 2)  # (B, Tq, H, D)
     rows = q.transpose(1, 2).reshape(B, Tq, n_kv, g, -1).transpose(1, 2).reshape(B, n_kv, Tq * g, q.shape[-1])
@@ -169,26 +174,32 @@ _compiled_flex = None
 
 
 def flex_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: torch.Tensor, k: torch.Tensor,
-                   v: torch.Tensor, grid: Grid, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """The parallel path with FlexAttention: keys [entries, exact tokens], a block mask from `Grid`'s rule."""
+                   v: torch.Tensor, grid: Grid, sinks: torch.Tensor | None = None,
+                   holds: torch.Tensor | None = None) -> torch.Tensor:
+    """The parallel path with FlexAttention: keys [entries, exact tokens], a block mask from `Grid`'s rule (and
+    `holds`, as in `blockwise_attention`)."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import create_block_mask
     from torch.nn.attention.flex_attention import flex_attention as flex
 
     if sinks is not None:
         raise ConfigError("the flex backend has no attention sink; use the blockwise or reference backend")
-    n, T, t0 = ek.shape[2], q.shape[2], int(pos[0])
+    n, T, t0, g = ek.shape[2], q.shape[2], int(pos[0]), q.shape[1] // k.shape[1]
 
     def mask_mod(b, h, q_idx, kv_idx):
         t = q_idx + t0
-        return torch.where(kv_idx < n, grid.sees_entry(t, kv_idx), grid.sees_exact(t, kv_idx - n + t0))
+        entry = grid.sees_entry(t, kv_idx)
+        if holds is not None:
+            entry = entry & holds[b, h // g, kv_idx.clamp(max=n - 1)]
+        return torch.where(kv_idx < n, entry, grid.sees_exact(t, kv_idx - n + t0))
 
     run = flex
     if q.is_cuda:
         _compiled_flex = _compiled_flex or torch.compile(flex)
         run = _compiled_flex
     # compiled on CUDA: the mask is evaluated block by block instead of as a dense (T, n + T) tensor
-    mask = create_block_mask(mask_mod, None, None, T, n + T, device=q.device, _compile=q.is_cuda)
+    B, H = (None, None) if holds is None else q.shape[:2]  # a mask per sequence and head only when it differs
+    mask = create_block_mask(mask_mod, B, H, T, n + T, device=q.device, _compile=q.is_cuda)
     keys = torch.cat([ek, k], 2)  # (B, n_kv, n + T, D)
     values = keys if (ev is ek and v is k) else torch.cat([ev, v], 2)
     return run(q, keys, values, block_mask=mask, enable_gqa=True)

@@ -295,6 +295,18 @@ class Compressor(nn.Module, ABC):
             present = valid if present is None else valid & present
         return windows, present
 
+    def holds_token(self, n: int, shift: torch.Tensor | None = None) -> torch.Tensor | None:
+        """(B, n_kv, n) bool: which of the first n entries' windows hold a token when each sequence's windows start
+        `shift` (B,) tokens early (grid jitter), on top of a head's delay; None when all do, as on the fixed grid
+        always (a head's delay is under S, and a window reaches at most W - S before its grid's first block). An
+        entry without a token is an explicit zero, and attention masks it."""
+        if shift is None:
+            return None
+        ends = self.grid.entry_end(torch.arange(n, device=shift.device))  # (n,) last position of each window
+        delays = shift[:, None] + torch.tensor(self.delays, device=shift.device)  # (B, n_kv)
+        holds = ends >= delays[:, :, None]  # (B, n_kv, n): its last token read from a position >= 0
+        return None if bool(holds.all()) else holds
+
     def gate_scores(self, h: torch.Tensor, shift: torch.Tensor | None = None) -> list[tuple[str, CompressorBranch,
                                                                                            torch.Tensor]]:
         """(name, branch, alpha (B, n, W, n_kv, G)) of each branch over the complete windows of h (B, T, d)

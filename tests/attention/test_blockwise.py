@@ -4,6 +4,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -210,3 +211,52 @@ def test_attend_parts_equals_one_softmax(Tq, parts, kv):
     full_mask = torch.cat([torch.ones(Tq, 1, dtype=torch.bool) if m is None else m for _, _, m in sets], 1)
     ref = attend(q, torch.cat([k for k, _, _ in sets], 2), torch.cat([v for _, v, _ in sets], 2), full_mask)
     assert (blockwise.attend_parts(q, sets) - ref).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("cached,kv,sink", [(True, 2, False), (False, 2, True), (True, 1, True), (False, 4, False)])
+def test_entries_without_a_token_are_masked_per_sequence(monkeypatch, cached, kv, sink):
+    """`holds` (B, n_kv, n) masks, per sequence and KV head, the entries whose windows hold no token (grid jitter past
+    a staggered head's delay): the blockwise path (folded rows over cached masks, or GQA rows) equals the reference
+    over the same mask, forward and gradients, and a masked entry's key and value change nothing."""
+    if not cached:
+        monkeypatch.setattr(blockwise, "MASK_CACHE_TOKENS", 0)
+    grid = Grid(8, 4, 1, 5)
+    T = 75
+    pos = torch.arange(T)
+    q, ek, ev, k, v, rk, rv, leaves = inputs(3, 4, kv, T, grid.n_complete(T), 8, False)
+    holds = torch.ones(3, kv, ek.shape[2], dtype=torch.bool)
+    holds[1, -1, :2] = holds[2, 0, :1] = False  # the first windows of one head in two sequences
+    sinks = torch.randn(4, requires_grad=True) if sink else None
+    fast = blockwise.blockwise_attention(q, pos, ek, ev, k, v, grid, block=16, sinks=sinks, holds=holds)
+    j = torch.arange(ek.shape[2])
+    mask = grid.mask(pos, j, pos) & F.pad(holds, (0, T), value=True)[:, :, None, None]  # (3, kv, 1, T, n + T)
+    ref = attend(q, torch.cat([ek, k], 2), torch.cat([ev, v], 2), mask, sinks)
+    assert_same(fast, ref, leaves + ([sinks] if sink else []))
+    other = torch.where(holds[..., None], ek, torch.randn_like(ek) * 100)  # masked entries: anything at all
+    again = blockwise.blockwise_attention(q, pos, other, torch.where(holds[..., None], ev, 7.0), k, v, grid,
+                                          block=16, sinks=sinks, holds=holds)
+    assert (again - fast).abs().max() <= TOL
+    unmasked = blockwise.blockwise_attention(q, pos, other, ev, k, v, grid, block=16, sinks=sinks)
+    assert (unmasked - fast).abs().max() > 1e-2  # the test can tell a masked entry from a seen one
+
+
+def test_jittered_staggered_heads_train_the_same_on_every_backend():
+    """A training forward whose jitter puts a staggered head's first windows before position 0: the blockwise,
+    reference and (eager) flex paths mask the same entries; outputs and gradients agree and are finite."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    model = PhaseLM(ModelConfig.from_name("W8/S8 · 2 KV · grid jitter · staggered heads", **SMALL))
+    comp = model.layers[0].attn.compressor
+    # head 1 reads 4 tokens late: a jitter of 4 or more puts its first window (positions 0-7) before position 0
+    assert comp.holds_token(3, torch.tensor([0, 4, 7])).tolist() == [[[True] * 3] * 2, *[[[True] * 3,
+                                                                                        [False, True, True]]] * 2]
+    assert comp.holds_token(3, None) is None and comp.holds_token(3, torch.tensor([3, 0])) is None
+    ids = torch.randint(0, 61, (8, 40))  # 8 sequences: some draw a jitter of 4 or more
+    fast, g_fast = model_outputs(model, ids, "blockwise")
+    ref, g_ref = model_outputs(model, ids, "reference")
+    assert fast.isfinite().all() and (fast - ref).abs().max() <= TOL
+    for n in g_ref:
+        assert g_fast[n].isfinite().all() and (g_fast[n] - g_ref[n]).abs().max() <= TOL, n
+    torch.manual_seed(0)
+    with blockwise.use_backend("flex"), warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        assert (model(ids) - ref).abs().max() <= TOL
