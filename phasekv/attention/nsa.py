@@ -181,8 +181,8 @@ class NSAAttention(Attention):
         self._extend(cache, k, v, pos)
         if last:
             q, pos, h = q[:, :, -1:], pos[-1:], h[:, -1:]
-        z = self._branches(q, pos, cache)  # (B, H, Tq, D, 3)
-        z = (z * self._gates(h).transpose(1, 2)[..., None, :]).sum(-1)  # (B, H, Tq, D)
+        gates = self._gates(h).transpose(1, 2)  # (B, H, Tq, 3)
+        z = sum(o * gates[..., s, None] for s, o in enumerate(self._branches(q, pos, cache)))  # (B, H, Tq, D)
         z = self.z_hook(z.transpose(1, 2))  # (B, Tq, H, D)
         return self.o_proj(z.flatten(2))
 
@@ -202,8 +202,9 @@ class NSAAttention(Attention):
             cache.cv.append(cv)
             cache.raw_k, cache.raw_v = cache.raw_k[:, :, n_new * d :], cache.raw_v[:, :, n_new * d :]
 
-    def _branches(self, q: torch.Tensor, pos: torch.Tensor, cache: NSACache) -> torch.Tensor:
-        """Each branch's output (B, H, Tq, D, 3) for un-rotated queries q (B, H, Tq, D) at pos over the cache."""
+    def _branches(self, q: torch.Tensor, pos: torch.Tensor, cache: NSACache) -> tuple[torch.Tensor, ...]:
+        """The branches' outputs (B, H, Tq, D) each, in `BRANCHES` order, for un-rotated queries q (B, H, Tq, D) at
+        pos over the cache."""
         cfg = self.cfg
         d, sel_l, w = cfg.block_stride, cfg.select_block, cfg.sliding_window
         B, H, Tq, D = q.shape
@@ -225,13 +226,14 @@ class NSAAttention(Attention):
         causal = key_pos[None, :] <= pos[:, None]  # (Tq, N)
         own = causal & (key_block[None, :] == (pos // sel_l)[:, None])  # (Tq, N)
         chosen = F.pad(chosen, (0, int(key_block[-1]) + 1 - chosen.shape[-1]))  # incomplete blocks: never chosen
-        sel_mask = (own | chosen[..., key_block])[:, :, None].expand(B, n_kv, g, Tq, N)  # per query head
+        sel_mask = own | chosen[..., key_block]  # (B, n_kv, Tq, N)
+        sel_mask = sel_mask if n_kv == 1 else sel_mask.repeat_interleave(g, 1)  # (B, 1 or H, Tq, N): per query head
         qr = self._rope(q, pos)  # (B, H, Tq, D)
         k, v = cache.k.view(mk), cache.v.view(mv)  # (B, n_kv, N, D)
-        sel = F.scaled_dot_product_attention(qr, k, v, sel_mask.reshape(B, H, Tq, N), enable_gqa=True)
+        sel = F.scaled_dot_product_attention(qr, k, v, sel_mask, enable_gqa=True)
         win_mask = causal & (key_pos[None, :] > pos[:, None] - w)  # (Tq, N)
         win = F.scaled_dot_product_attention(qr, k, v, win_mask, enable_gqa=True)
-        return torch.stack([cmp, sel, win], -1)
+        return cmp, sel, win
 
     def _select(self, logits: torch.Tensor, probs: torch.Tensor, pos: torch.Tensor, n_sel: int) -> torch.Tensor:
         """Which complete selection blocks (B, n_kv, Tq, n_sel) each query's KV group attends, from its compressed
