@@ -5,7 +5,8 @@
   un-rotated keys (values), plus a learned intra-block position embedding per KV head, pass a small MLP
   (Linear-ReLU-Linear over the flattened block; one for keys, one for values) to one key (value). Block j is
   visible to the query at i iff (j+1)d - 1 < i; one learned memory key/value per KV head is always visible.
-  This branch carries no RoPE: the un-rotated queries read the compressed keys.
+  This branch carries no RoPE: the un-rotated queries read the compressed keys. (With QK-norm, phasekv's default,
+  every branch reads normalised queries and keys.)
 - selected (`sel`): the exact, rotated tokens of the top-n selection blocks of l' tokens (blocks at multiples of
   l' from 0), ranked per KV group by the compressed branch's attention (`importance`); only blocks complete
   before the query are selectable, and the query's own block is always attended causally.
@@ -16,9 +17,10 @@ Each branch's output is weighted by a per-head sigmoid gate of the hidden state 
 Scale: the paper's l = 32, d = 16, l' = 64, n = 16, w = 512 cannot be used on the demo's 96-token sequences (the
 window alone would cover every token and one selection block would hold two thirds of them: nothing would reach
 a distant record through the compressed or selected branch). The family's tiny model, `NSA l8/d4 · select 8 top 2
-· window 16`, divides them by 4-8 and keeps their shape: l = 2d (overlapping blocks), l' = l, 12 selection blocks
-in 96 tokens of which a query takes 2 plus its own (sparse), a window of 16 that leaves most of the context to the
-other two branches, and grids d = 4 and l' = 8 that divide the residue modulus 24.
+· window 16`, scales them down (l, d by 4; l', n by 8; w by 32) and keeps their shape: l = 2d (overlapping
+blocks), l' = l, 12 selection blocks in 96 tokens of which a query takes 2 plus its own (sparse), a window of 16
+that leaves most of the context to the other two branches, and grids d = 4 and l' = 8 that divide the residue
+modulus 24.
 
 Conventions that phasekv's other designs do not share (`Conventions`; `PEER` reproduces the PyPI package
 `native-sparse-attention-pytorch` 0.2.3's `SparseAttention(causal=True)` with weights copied across):
@@ -54,7 +56,8 @@ BRANCHES = ("cmp", "sel", "win")  # gate order per head, as the peer's combine (
 IMPORTANCE = ("probs", "logits")
 PHANTOM_LOGIT = -1e3  # the peer's extra selection logit: a block is attended only if its share beats 1e-10
 MIN_SHARE = 1e-10
-GATE_BIAS = (-2.0, -2.0, 2.0)  # the peer's init: gates start mostly on the window (local patterns come first)
+GATE_BIAS = (-2.0, -2.0, 2.0)  # the peer's init: gates start mostly on the window (local patterns come first);
+#                                PhaseLM redraws the gate's weight like every Linear's, the bias stays
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ PHASEKV = Conventions()
 PEER = Conventions(rope_layout="trailing", importance="logits")
 
 
-def check_config(cfg) -> None:
+def check_config(cfg: ModelConfig) -> None:
     """The rule of NSA's fields the model config does not check itself: one-line ConfigError naming field and value."""
     if cfg.select_block % cfg.block_stride:
         raise ConfigError(f"invalid config: select_block={cfg.select_block}: must be a multiple of the compression "
@@ -241,6 +244,8 @@ class NSAAttention(Attention):
         cfg = self.cfg
         r = cfg.select_block // cfg.block_stride  # compressed blocks ending in one selection block
         B, n_kv, g, Tq, _ = logits.shape
+        own = (pos // cfg.select_block)[:, None]  # (Tq, 1): each query's own selection block
+        j = torch.arange(n_sel, device=pos.device)[None, :]  # (1, n_sel)
         per_block = (logits if self.conventions.importance == "logits" else probs)[..., : n_sel * r]
         per_block = per_block.reshape(B, n_kv, g, Tq, n_sel, r)
         if self.conventions.importance == "logits":  # the peer: mean logit, a softmax with a phantom block
@@ -249,12 +254,9 @@ class NSAAttention(Attention):
             selectable = score > MIN_SHARE
         else:  # the paper: summed probabilities; blocks complete before the query
             score = per_block.sum((2, 5))  # (B, n_kv, Tq, n_sel)
-            own = (pos // cfg.select_block)[:, None]  # (Tq, 1)
-            selectable = (torch.arange(n_sel, device=pos.device)[None, :] < own).expand_as(score)
+            selectable = (j < own).expand_as(score)
         n_top = cfg.top_k
         if cfg.forced_blocks:  # the initial block and the one before the query's own always; the own block counts
-            own = (pos // cfg.select_block)[:, None]  # (Tq, 1)
-            j = torch.arange(n_sel, device=pos.device)[None, :]
             score = score.masked_fill((j == 0) | (j == own - 1), float("inf"))
             n_top -= 1
         n_top = min(n_top, n_sel)
