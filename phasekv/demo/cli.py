@@ -9,6 +9,9 @@ import typer
 from phasekv.demo.plan import STUDY_PRESET
 
 JOBS_HELP = "Worker processes (default: 2, or 1 on a 1-core machine)."
+RERUN_HELP = ("Run this model again (paper name or alias; repeatable): its training and everything computed from "
+              "it (its evaluations and analyses, the comparison, the repair's goals, the example prompts, the report) "
+              "are discarded, every other result is kept; recorded in OUT/demo.json.")
 
 
 def register(app: typer.Typer) -> None:
@@ -19,6 +22,7 @@ def register(app: typer.Typer) -> None:
                                    "(too short for the effects to show)."),
         jobs: int = typer.Option(None, help=JOBS_HELP),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+        rerun: list[str] = typer.Option(None, "--rerun", metavar="MODEL", help=RERUN_HELP),
     ) -> None:
         """Reproduce the study end to end on this CPU: train the tiny models (full attention, W8/S8, W8/S4,
         W8/S8 uniform averaging, W6/S6), run the lookup evaluation under both paddings, the flip sweep,
@@ -26,7 +30,7 @@ def register(app: typer.Typer) -> None:
         OUT/report/index.html. Resumable: re-running skips finished work."""
         from phasekv.demo.runner import run_demo
 
-        run_demo(out, quick=quick, jobs=jobs, progress=progress)
+        run_demo(out, quick=quick, jobs=jobs, progress=progress, rerun=rerun or [])
 
     @app.command()
     def study(
@@ -37,6 +41,7 @@ def register(app: typer.Typer) -> None:
                                    "heads)."),
         jobs: int = typer.Option(None, help=JOBS_HELP),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+        rerun: list[str] = typer.Option(None, "--rerun", metavar="MODEL", help=RERUN_HELP),
     ) -> None:
         """The whole study on this CPU: every run of the paper's grid (SPEC §3) and its full-attention
         baselines, trained with the demo's recipe plus a quarter of repeat sequences (without them full attention
@@ -46,4 +51,4 @@ def register(app: typer.Typer) -> None:
         (also OUT/report/claims.json). Resumable: re-running skips finished work."""
         from phasekv.demo.runner import run_study
 
-        run_study(out, quick=quick, preset=preset, jobs=jobs, progress=progress)
+        run_study(out, quick=quick, preset=preset, jobs=jobs, progress=progress, rerun=rerun or [])

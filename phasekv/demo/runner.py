@@ -15,6 +15,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -198,12 +199,87 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
     return tasks
 
 
-def _manifest(root: Path, plan: DemoPlan, jobs: int) -> dict:
+def rerun_names(plan: DemoPlan, rerun: list[str]) -> list[str]:
+    """The paper names of the plan's models that `rerun` names (paper name or alias, `--rerun`), each once."""
+    names = {ModelConfig.from_name(m, preset=plan.preset).name for m in plan.models}
+    out = []
+    for m in rerun:
+        try:
+            name = ModelConfig.from_name(m, preset=plan.preset).name
+        except PhaseKVError:
+            name = None
+        if name not in names:
+            raise ConfigError(f"--rerun {m!r} is not a model of this {plan.kind} (its models: {', '.join(plan.models)})")
+        out.append(name)
+    return list(dict.fromkeys(out))
+
+
+def _settings_besides(plan: dict, names: list[str]) -> dict:
+    """A plan's settings (`DemoPlan.to_dict`) without the `per_model` entries of the models `names`: what must
+    not change when only those models are re-run."""
+    preset = plan.get("preset", "tiny")
+    own = {m: o for m, o in plan.get("per_model", {}).items()
+           if ModelConfig.from_name(m, preset=preset).name not in names}
+    return {**plan, "per_model": own}
+
+
+def task_output(task: Task, lay: Layout) -> Path:
+    """The file or directory a task writes: its `out`, a training's run directory, the repair's and the example
+    prompts' places in the layout."""
+    if task.fn is stages.train_model:
+        return Path(task.kwargs["run_dir"])
+    if task.fn is stages.repair:
+        return lay.repair
+    if task.fn is stages.examples:
+        return lay.examples
+    return Path(task.kwargs["out"])
+
+
+def discard(root: Path, plan: DemoPlan, names: list[str]) -> tuple[list[str], list[str]]:
+    """Delete the trainings of the models `names` and everything computed from them: every task that needs one of
+    those trainings, directly or through another task (the model's evaluations and analyses; the comparison, the
+    repair's goals and the example prompts, made across models), and the report. Returns (the tasks whose outputs
+    are gone, the paths deleted, relative to `root`); every other output stays as it is."""
+    lay, tasks = Layout(root), build_tasks(root, plan)
+    stale = {f"train {ModelConfig.from_name(n, preset=plan.preset).alias}" for n in names}
+    grown = True
+    while grown:  # dependents of dependents: the closure over `Task.after`
+        grown = False
+        for t in tasks:
+            if t.name not in stale and any(d in stale for d in t.after):
+                stale.add(t.name)
+                grown = True
+    deleted = []
+    for path in [task_output(t, lay) for t in tasks if t.name in stale] + [lay.report]:
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        deleted.append(str(path.relative_to(root)))
+    return sorted(t.name for t in tasks if t.name in stale), sorted(deleted)
+
+
+def _manifest(root: Path, plan: DemoPlan, jobs: int, rerun: list[str] = ()) -> dict:
+    """The manifest of `plan` in `root`: refused when the directory holds other settings, except the own settings
+    (`per_model`) of the models `rerun` names (paper names), whose outputs are discarded first (`discard`); the
+    discarded work is recorded under "reruns"."""
     lay = Layout(root)
     old = json.loads(lay.manifest.read_text()) if lay.manifest.is_file() else {}
-    if old and old.get("plan") != plan.to_dict():
+    if old and _settings_besides(old.get("plan") or {}, rerun) != _settings_besides(plan.to_dict(), rerun):
         raise ConfigError(f"{root} holds a {old.get('mode', 'different')} {old.get('kind', 'demo')} with other "
                           "settings; use another --out (or delete it) to run this one")
+    if old and rerun:
+        before = DemoPlan.from_dict(old["plan"])
+        tasks, deleted = discard(root, plan, rerun)
+        changed = {m: {"before": before._own(m), "after": plan._own(m)} for m in rerun
+                   if before._own(m) != plan._own(m)}
+        old["tasks"] = {k: v for k, v in old.get("tasks", {}).items() if k not in tasks}
+        old["reruns"] = old.get("reruns", []) + [{
+            "models": list(rerun), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "settings_changed": changed, "tasks_discarded": tasks, "discarded": deleted}]
+        console.print(f"[bold]rerun[/] {', '.join(rerun)}: discarded {len(deleted)} output(s) of {len(tasks)} task(s)")
     cfgs = [ModelConfig.from_name(m, preset=plan.preset) for m in plan.models]
     models = {c.alias: {"name": c.name} for c in cfgs}
     return {**old, "kind": plan.kind, "mode": plan.mode, "preset": plan.preset, "plan": plan.to_dict(), "models": models,
@@ -316,22 +392,28 @@ class _Lock:
 
 
 def run_demo(out: str | os.PathLike = "demo_out", quick: bool = False, jobs: int | None = None,
-             progress: bool = True, report: bool = True) -> dict:
-    """Run (or resume) the demo into `out`, then render `out/report/index.html`; returns the manifest."""
-    return run_plan(out, plan_for(quick), jobs, progress, report)
+             progress: bool = True, report: bool = True, rerun: list[str] = ()) -> dict:
+    """Run (or resume) the demo into `out`, then render `out/report/index.html`; returns the manifest. `rerun`:
+    models whose training and everything computed from it are discarded and run again (`run_plan`)."""
+    return run_plan(out, plan_for(quick), jobs, progress, report, rerun)
 
 
 def run_study(out: str | os.PathLike = "study_out", quick: bool = False, preset: str = STUDY_PRESET,
-              jobs: int | None = None, progress: bool = True, report: bool = True) -> dict:
-    """Run (or resume) the whole study (the paper's grid at `preset`) into `out`, then its report."""
-    return run_plan(out, study_plan(quick, preset), jobs, progress, report)
+              jobs: int | None = None, progress: bool = True, report: bool = True, rerun: list[str] = ()) -> dict:
+    """Run (or resume) the whole study (the paper's grid at `preset`) into `out`, then its report; `rerun` as in
+    `run_plan`."""
+    return run_plan(out, study_plan(quick, preset), jobs, progress, report, rerun)
 
 
 def run_plan(out: str | os.PathLike, plan: DemoPlan, jobs: int | None = None, progress: bool = True,
-             report: bool = True) -> dict:
-    """Run (or resume) `plan` into `out`, then render `out/report/index.html`; returns the manifest."""
+             report: bool = True, rerun: list[str] = ()) -> dict:
+    """Run (or resume) `plan` into `out`, then render `out/report/index.html`; returns the manifest. `rerun`: models
+    (paper names or aliases) to run again: their trainings and everything computed from them are discarded first
+    (`discard`), every other result is kept, and their own settings (`per_model`) may differ from the directory's;
+    recorded in the manifest ("reruns")."""
     for m in plan.models:  # every model is valid at the plan's backbone before anything runs
         ModelConfig.from_name(m, preset=plan.preset)
+    rerun = rerun_names(plan, list(rerun))
     root = Path(out)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"--out {root} exists and is not a directory")
@@ -340,11 +422,11 @@ def run_plan(out: str | os.PathLike, plan: DemoPlan, jobs: int | None = None, pr
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     with _Lock(root):
-        return _run(root, plan, jobs, progress, report)
+        return _run(root, plan, jobs, progress, report, rerun)
 
 
-def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool) -> dict:
-    manifest = _manifest(root, plan, jobs)
+def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool, rerun: list[str] = ()) -> dict:
+    manifest = _manifest(root, plan, jobs, rerun)
     _write_manifest(root, manifest)
     tasks = build_tasks(root, plan)
     console.print(f"[bold]phasekv {plan.kind}[/] ({plan.mode}): {len(plan.models)} models at the {plan.preset} preset, "
