@@ -344,6 +344,8 @@ class ModelConfig:
         if self.family == "nsa":
             if self.block_stride > self.block or self.block % self.block_stride:
                 bad("block_stride", f"must divide the compressed block l={self.block}")
+            if self.select_block % self.block_stride:
+                bad("select_block", f"must be a multiple of the compression stride d={self.block_stride}")
             if self.forced_blocks and self.top_k < 3:
                 bad("top_k", "forced blocks (initial + 2 local) count in the top n: it must be >= 3")
         if self.family == "beacon" and self.beacon_window % self.beacon_ratio:

@@ -62,6 +62,7 @@ def _backbone(cfg):
     ("moba-b16k0-1kv", "top_k=0"),
     ("Beacon r8 · window 30 · 1 KV", "beacon_window=30"),
     ("nsa-l8d3-sel8k2-win16-1kv", "block_stride=3"),
+    ("nsa-l8d4-sel6k2-win16-1kv", "select_block=6"),
     ("NSA l8/d4 · select 8 top 2 · window 16 · 1 KV · forced blocks", "top_k=2"),
     ("MoBA B16 top 3 · 1 KV · forced blocks", "forced_blocks=True"),
     ("MoBA B16 top 3 · 1 KV · tied K/V", "tied_kv=True"),
