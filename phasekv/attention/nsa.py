@@ -70,13 +70,6 @@ PHASEKV = Conventions()
 PEER = Conventions(rope_layout="trailing", importance="logits")
 
 
-def check_config(cfg: ModelConfig) -> None:
-    """The rule of NSA's fields the model config does not check itself: one-line ConfigError naming field and value."""
-    if cfg.select_block % cfg.block_stride:
-        raise ConfigError(f"invalid config: select_block={cfg.select_block}: must be a multiple of the compression "
-                          f"stride d={cfg.block_stride}")
-
-
 class NSACache:
     """One layer's decode state: every exact key (rotated) and value, the compressed blocks written so far, and the
     un-rotated keys/values from the first token of the next block on (the left padding at the start)."""
@@ -106,8 +99,7 @@ class NSAAttention(Attention):
     branch knockout). z (B, T, H, D) passes `z_hook` before `o_proj`."""
 
     def __init__(self, cfg: ModelConfig, layer: int, conventions: Conventions = PHASEKV):
-        super().__init__(cfg, layer)
-        check_config(cfg)
+        super().__init__(cfg, layer)  # ModelConfig has checked the NSA fields (one-line errors)
         if conventions.rope_layout not in (None, *LAYOUTS) or conventions.importance not in IMPORTANCE:
             raise ConfigError(f"NSA conventions {conventions} unknown (rope_layout in {LAYOUTS}, importance in "
                               f"{IMPORTANCE})")
