@@ -44,7 +44,7 @@ def test_fields_and_grids():
        st.integers(1, 4), st.booleans(), st.sampled_from([None, 0, 16]), st.integers(42, 45))
 @settings(max_examples=60, deadline=None)
 def test_any_valid_family_config_round_trips(family, a, b, c, kv, flag, rope, seed):
-    fields = {"nsa": dict(block=a * b, block_stride=a, select_block=c, top_k=3 + b, sliding_window=a + c,
+    fields = {"nsa": dict(block=a * b, block_stride=a, select_block=a * c, top_k=3 + b, sliding_window=a + c,
                           forced_blocks=flag),
               "moba": dict(block=a, top_k=b),
               "beacon": dict(beacon_ratio=b, beacon_window=b * c)}[family]
