@@ -115,7 +115,8 @@ REFERENCE_CASES = [  # (config overrides, conventions, branch_gates)
 ]
 
 
-@pytest.mark.parametrize("overrides,conventions,gates", REFERENCE_CASES)
+@pytest.mark.parametrize("overrides,conventions,gates", REFERENCE_CASES,
+                         ids=["default", "1kv-top1-sel", "l6d2sel4-forced", "peer-rope8-cmp+win", "peer-l12d4sel8-forced"])
 @torch.no_grad()
 def test_fast_path_and_decode_equal_reference(overrides, conventions, gates):
     attn = NSAAttention(nsa_config(**overrides), 0, conventions)
@@ -195,7 +196,7 @@ def test_knockouts_and_grids():
 
 
 # ---- bad values ----
-@pytest.mark.parametrize("overrides,field", [
+@pytest.mark.parametrize("overrides,field", [  # a ModelConfig error
     (dict(block=6, stride=4), "block_stride"),  # l not a multiple of d
     (dict(select=6), "select_block"),  # l' not a multiple of d
     (dict(window=0), "sliding_window"),
