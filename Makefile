@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # GPU users: make TORCH_SPEC="torch==2.13.0 --index-url ..." test
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup dev demo study test test-slow test-engine engine-venv bench lint docs clean
+.PHONY: setup dev demo study test test-slow test-engine engine-venv test-kvpress kvpress-venv bench lint docs clean
 
 # pip byte-compiles every file it installs, one at a time (~60 s here); instead one parallel pass compiles what
 # can be imported, skipping the packages' own test suites and transformers' model files other than those phasekv
@@ -69,6 +69,25 @@ engine-venv: $(ENGINE_VENV)/ready
 test-engine: dev engine-venv
 	$(BIN)/python -m pytest -q -s -m engine tests/engine
 
+# `--press` (NVIDIA's kvpress KV-cache presses, phasekv.eval.press) in its own environment: kvpress pins
+# transformers<5.3, phasekv 5.24. phasekv goes in without its dependencies (its others beside kvpress); all of
+# it runs there but DeepSeek-V4 Hugging Face models, which need transformers 5.24 (.venv).
+KVPRESS_VENV := .kvpress-venv
+KVPRESS_SPEC ?= kvpress==0.5.5
+PHASEKV_DEPS := numpy scipy safetensors tokenizers typer rich pandas pyarrow matplotlib plotly pytest hypothesis
+
+$(KVPRESS_VENV)/ready: pyproject.toml
+	test -x $(KVPRESS_VENV)/bin/python || $(PY) -m venv $(KVPRESS_VENV)
+	$(KVPRESS_VENV)/bin/pip install -q --no-compile $(TORCH_SPEC)
+	$(KVPRESS_VENV)/bin/pip install -q --no-compile $(KVPRESS_SPEC) $(PHASEKV_DEPS)
+	$(KVPRESS_VENV)/bin/pip install -q --no-compile --no-deps -e .
+	touch $@
+
+kvpress-venv: $(KVPRESS_VENV)/ready
+
+test-kvpress: kvpress-venv
+	$(KVPRESS_VENV)/bin/python -m pytest -q -m kvpress tests/presses
+
 bench: setup
 	$(BIN)/python benchmarks/run_all.py
 
@@ -81,4 +100,4 @@ lint: dev
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) build site *.egg-info
+	rm -rf $(VENV) $(ENGINE_VENV) $(KVPRESS_VENV) build site *.egg-info

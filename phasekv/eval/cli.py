@@ -22,9 +22,16 @@ PER_GROUP_HELP = "Prompts per residue group N; exact mean/variance matching need
 
 
 def model_from_flags(model: Path | None, server: str | None, served_model: str | None, concurrency: int,
-                     device: str, trust_remote_code: bool, tokenizer: Path | None):
+                     device: str, trust_remote_code: bool, tokenizer: Path | None, press: str | None = None):
     """The EvalModel of --model (`phasekv.eval.models.load`), or of the model served at --server
-    (`phasekv.eval.engine.connect`): exactly one of the two."""
+    (`phasekv.eval.engine.connect`): exactly one of the two; under --press (`phasekv.eval.press`), its spec
+    parsed before the model loads."""
+    if press is not None:
+        from phasekv.eval.press import parse_press, with_press
+
+        spec = parse_press(press)
+        return with_press(model_from_flags(model, server, served_model, concurrency, device, trust_remote_code,
+                                           tokenizer), spec)
     if (model is None) == (server is None):
         raise ConfigError("give --model DIR, or --server URL with --served-model NAME (one of the two)")
     if server is not None:
@@ -50,6 +57,11 @@ COMMON = {
                           "tokenizer's own single-token words) or auto (the lists when enough of their words are "
                           "single tokens, else the vocabulary). Default: as a recall run's data, else auto."),
 }
+PRESS = typer.Option(None, "--press", help="Evaluate under a kvpress KV-cache press (a Hugging Face model; kvpress's "
+                     "own environment, make kvpress-venv): each prompt's context compressed at prefill, its "
+                     "question after it uncompressed. E.g. snapkv:0.5, streaming:0.5, knorm:0.5, keydiff:0.5, "
+                     "chunk(knorm,8):0.75, chunkkv(snapkv,8):0.5 (SPEC:RATIO, the share of context KV pairs "
+                     "dropped); the stride defaults to its chunk length.")
 ENGINE = {  # a model served by an inference engine instead of --model (phasekv.eval.engine)
     "server": typer.Option(None, "--server", help="Evaluate the model an inference engine serves at this address "
                            "(vLLM's OpenAI-compatible server, e.g. http://127.0.0.1:8000) instead of --model."),
@@ -88,14 +100,15 @@ def lookup(
     batch_size: int = typer.Option(32, "--batch-size", help="Prompts per forward pass."),
     ensemble: int = typer.Option(1, "--ensemble", help="Phase ensembling: average the answer log-probabilities "
                                  "over K shifts spread over 0..S-1 (K forward passes per prompt; 1 = plain)."),
+    press: str = PRESS,
 ) -> None:
     """Animal-to-name lookup: R records, D demonstrations, the target key; top-1 accuracy per residue."""
     from phasekv.eval.ensemble import phase_ensemble
     from phasekv.eval.prompts import lookup_config
 
-    if ensemble != 1 and server is not None:
-        raise ConfigError("--ensemble needs the model in process (--model), not --server")
-    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer)
+    if ensemble != 1 and (server is not None or press is not None):
+        raise ConfigError("--ensemble needs the model in process (--model) without --press")
+    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer, press)
     cfg = lookup_config(em.info, records=records, demos=demos, padding=padding, filler=filler,
                         modulus=modulus, per_group=per_group, keep_n=keep_n, mappings=mappings, seed=seed,
                         marker=marker, n_keys=n_keys, n_values=n_values, words=words)
@@ -125,7 +138,7 @@ def needle(
     seed: int = COMMON["seed"], stride: int = COMMON["stride"], device: str = COMMON["device"],
     tokenizer: Path = COMMON["tokenizer"], trust_remote_code: bool = COMMON["trust_remote_code"],
     fresh: bool = COMMON["fresh"], server: str = ENGINE["server"], served_model: str = ENGINE["served_model"],
-    concurrency: int = ENGINE["concurrency"],
+    concurrency: int = ENGINE["concurrency"], press: str = PRESS,
 ) -> None:
     """Position-matched needle test: one target key near the middle of a long context of records."""
     from phasekv.eval.prompts import needle_config
@@ -135,9 +148,40 @@ def needle(
     if records is None:
         console.print(f"needle: {cfg.records} records in {context} tokens (the study's density, 16,000 per 131,072; "
                       "--records to choose)")
-    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer)
+    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer, press)
     _check_stride(stride, modulus)
     _retrieve("needle", em, cfg, out, batch_size, interval, stride, fresh)
+
+
+@app.command()
+def presses(
+    model: Path = typer.Option(..., "--model", help="A Hugging Face causal LM directory (e.g. `phasekv export` of a "
+                               "full-attention run)."),
+    out: Path = typer.Option(..., "--out", help="Directory: OUT/presses/presses.json, presses.md and one "
+                             "evaluation per padding and press (`phasekv report OUT` shows the table)."),
+    press: list[str] = typer.Option(None, "--press", help="A press without its ratio, repeatable (default: snapkv, "
+                                    "streaming, knorm, chunkkv(snapkv,4), chunkkv(snapkv,8), chunk(knorm,8))."),
+    ratios: str = typer.Option("0.5,0.75", help="Comma-separated compression ratios, each press at each."),
+    per_group: int = typer.Option(576, "--per-group", help=PER_GROUP_HELP),
+    batch_size: int = typer.Option(32, "--batch-size", help="Prompts per forward pass (a press that reads its "
+                                   "batch-mates runs one prompt per pass)."),
+    device: str = COMMON["device"], trust_remote_code: bool = COMMON["trust_remote_code"],
+) -> None:
+    """The press table in one go (kvpress's environment): the lookup under both paddings, uncompressed and under
+    every press at every ratio; mean, worst, best and gap with intervals, detected period, power at periods 4
+    and 8."""
+    from phasekv.eval.presses import TABLE, check_presses, markdown, run_presses
+
+    specs = check_presses(press) if press else TABLE
+    try:
+        rs = tuple(float(r) for r in ratios.split(",") if r.strip())
+    except ValueError:
+        raise ConfigError(f"--ratios {ratios!r}: expected numbers like 0.5,0.75") from None
+    em = model_from_flags(model, None, None, 1, device, trust_remote_code, None)
+    table = run_presses(em, out, specs, rs, per_group=per_group, batch_size=batch_size)
+
+    console.print(markdown(table))
+    console.print(f"wrote {out}/presses/presses.json, presses.md and the evaluations beside them")
 
 
 def _retrieve(task: str, em, cfg, out: Path, batch_size: int, interval: str, stride: int | None,
@@ -169,6 +213,8 @@ def flip(
     trust_remote_code: bool = COMMON["trust_remote_code"],
     server: str = ENGINE["server"], served_model: str = ENGINE["served_model"],
     concurrency: int = ENGINE["concurrency"],
+    press: str = typer.Option(None, "--press", help="As for lookup; the question left uncompressed is the prompt's "
+                              "last token."),
 ) -> None:
     """Filler sweep: P(candidate) as filler grows one token at a time; counts rankings periodic in L mod S."""
     from phasekv.eval.flip import FlipConfig, run_flip
@@ -177,7 +223,7 @@ def flip(
     fams = [f for f in _split_families(families) if f]
     cfg = FlipConfig(prompt=prompt, candidates=cands, families=fams, lengths=lengths, start=start, records=records,
                      seed=seed)
-    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer)
+    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer, press)
     print_flip(run_flip(em, cfg, out, stride=stride))
     console.print(f"wrote {out}/results.parquet, summary.json, flip.png")
 

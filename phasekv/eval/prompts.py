@@ -92,6 +92,8 @@ class Prompt:
     answer_word: str
     words: list[str]
     ids: list[int]  # final token ids the model sees (checked against the placement)
+    question: int = 1  # the last tokens that ask for the answer (marker, demonstrations, target key): what a
+    #                    KV-cache press leaves uncompressed after the context (`phasekv.eval.press`)
 
 
 class RetrievalPrompts:
@@ -218,7 +220,8 @@ class RetrievalPrompts:
         if len(ids) != self.length or t % self.cfg.modulus != r or ids[t] != tkey or ids[self.query_pos] != ids[
                 t + self.cfg.key_tokens - 1] or words[t - self.b + self.cfg.key_tokens] != answer:
             raise ConfigError(f"prompt {pid}: target not at position {t} / query not at {self.query_pos}")
-        return Prompt(pid, r, m, t, self.query_pos, i, self.tok.word_id(answer), answer, words, ids)
+        question = (self.marker is not None) + self.cfg.demos * self.cfg.record_len + self.cfg.key_tokens
+        return Prompt(pid, r, m, t, self.query_pos, i, self.tok.word_id(answer), answer, words, ids, question)
 
     def __iter__(self) -> Iterator[Prompt]:
         return (self.prompt(p) for p in range(self.n))
