@@ -1,6 +1,6 @@
 """The guides' command blocks run as written, at tiny budgets.
 
-A fenced block preceded by the line `<!-- runs -->` in a page under docs/ is executed here, every block of a
+A fenced block preceded by the line `<!-- runs -->` in README.md or a page under docs/ is executed here, every block of a
 page in order in one scratch directory (a later block reads what an earlier one wrote), each command in this
 process through the `phasekv` command's own entry (no interpreter start per command). `<!-- runs: slow -->`
 marks a block too long for `make test`: `make test-slow` runs it. Every line of a marked block must be a
@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]  # the README's recipes and every page of the site
 MARK = re.compile(r"^<!-- runs(?::\s*(slow))? -->\s*\n```(?:bash|sh|console)?\n(.*?)^```", re.M | re.S)
 
 # command path -> {option: tiny value (None: a flag)}; "*" applies wherever a command accepts the option
@@ -45,13 +47,13 @@ VERDICT_CODES = {"audit": {0, 3, 4}}
 def blocks(slow: bool) -> list[tuple[str, list[str]]]:
     """(page, commands) for every page with marked blocks of the given kind, in page order."""
     out = []
-    for page in sorted(DOCS.rglob("*.md")):
+    for page in PAGES:
         cmds = []
         for m in MARK.finditer(page.read_text()):
             if bool(m.group(1)) == slow:
                 cmds += commands(m.group(2))
         if cmds:
-            out.append((str(page.relative_to(DOCS)), cmds))
+            out.append((str(page.relative_to(DOCS if page.is_relative_to(DOCS) else ROOT)), cmds))
     return out
 
 
@@ -139,4 +141,4 @@ def test_guide_blocks_slow(page, cmds, tmp_path, monkeypatch):
 def test_blocks_are_marked():
     """The guides mark their command blocks (a refactoring that dropped every marker would test nothing)."""
     pages = {page for page, _ in blocks(slow=False)}
-    assert {"getting-started.md", "reference/names.md"} <= pages, pages
+    assert {"README.md", "getting-started.md", "reference/names.md", "guides/audit.md"} <= pages, pages
