@@ -95,6 +95,19 @@ def test_equals_peer(shape, direction):
         assert err <= TOL, f"T={T}: {err:.2e}"
 
 
+@settings(max_examples=8, deadline=None)
+@given(d=st.integers(1, 4), l_mult=st.integers(1, 3), sel_mult=st.integers(1, 3), n=st.integers(1, 4),
+       w=st.integers(2, 12), kv=st.sampled_from([1, 2]), group=st.integers(1, 3), T=st.integers(1, 50))
+@torch.no_grad()
+def test_equals_peer_random(d, l_mult, sel_mult, n, w, kv, group, T):
+    shape = (d * l_mult, d, d * sel_mult, n, w, kv * group, kv, 8, 16)
+    mine, peer = pair(*shape)
+    randomize(peer)
+    copy_from_peer(peer, mine)
+    x = torch.randn(2, T, 16)
+    assert (mine(x, torch.arange(T)) - peer(x)).abs().max().item() <= TOL
+
+
 @torch.no_grad()
 def test_equals_peer_with_its_input_norm():
     """The peer's own RMSNorm is the block's pre-attention norm: applied to the input, the two agree."""
