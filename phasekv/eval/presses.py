@@ -110,7 +110,35 @@ def markdown(table: dict) -> str:
              f"residue group, M = {table['modulus']}); p (d): the residue profile's power at period d "
              "(permutation test)", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     lines += ["| " + " | ".join(cells(r)) + " |" for r in table["rows"]]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + [""] + [f"- {s}" for s in findings(table)]) + "\n"
+
+
+ALPHA = 0.01  # level of the period tests in the findings
+
+
+def findings(table: dict) -> list[str]:
+    """Plain sentences, one per press: whether retrieval under it depends on phase (the residue profile's power
+    at its chunk length, or at 4 or 8 for an unchunked press, significant at ALPHA; or a detected period other
+    than 1), with its gaps by ratio and padding."""
+    out = []
+    presses = dict.fromkeys(r["press"].split(":")[0] for r in table["rows"])
+    for press in presses:
+        rows = [r for r in table["rows"] if r["press"].split(":")[0] == press]
+        periods = [str(rows[0]["chunk"])] if rows[0]["chunk"] else [str(d) for d in table["periods"]]
+        hits = sorted({f"period {d} ({r['press']}, {r['padding']}: p {r['p'][d]:.4f})" for r in rows for d in periods
+                       if r["p"].get(d) is not None and r["p"][d] < ALPHA})
+        detected = sorted({r["detected_period"] for r in rows} - {1})
+        gaps = "; ".join(f"{r['press'].split(':', 1)[-1] if ':' in r['press'] else 'uncompressed'} {r['padding']}: "
+                         f"mean {r['mean']:.1f}, gap {_ci(r['gap'], r['gap_ci'])}" for r in rows)
+        if hits:
+            verdict = "retrieval depends on phase at " + ", ".join(hits)
+        elif detected:
+            verdict = (f"no significant power at period {' or '.join(periods)}; the detected periods "
+                       f"({', '.join(map(str, detected))}) come from gaps without a phase pattern at that period")
+        else:
+            verdict = f"no phase dependence detected (period 1; no significant power at period {' or '.join(periods)})"
+        out.append(f"{press}: {verdict}. {gaps}.")
+    return out
 
 
 def load_table(root: str | Path) -> dict | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from plotly.offline import get_plotlyjs
 
 from phasekv.errors import DataError
+from phasekv.eval import presses
 from phasekv.eval.figure import PALETTE, Figure, to_plotly, to_png
 from phasekv.eval.protocols import retrieval_protocols
 from phasekv.io import write_json, write_text
@@ -473,6 +474,21 @@ def section_family(b: Builder) -> None:
     b.add("family", "The family", body + "<p>Also in <code>family.md</code> beside this page.</p>")
 
 
+def section_presses(b: Builder) -> None:
+    """Inference-time compression (`phasekv eval presses`, DIR/presses/): a full-attention model's lookup under
+    kvpress presses beside the uncompressed model, a sentence per press. No section without the table."""
+    table = presses.load_table(b.study.root)
+    if table is None:
+        return
+    says = "".join(f"<li>{esc(s)}</li>" for s in presses.findings(table))
+    head = (f"<p>{esc(table['model'])}: the lookup's context compressed at prefill by each press (kvpress), the "
+            f"question after it uncompressed; {table['prompts']:,} prompts per evaluation. p (d): the residue "
+            "profile's power at period d (permutation test); chunked presses lay a grid of their chunk length "
+            "from cache index 0.</p>")
+    body = html.table(presses.HEADERS, [[esc(c) for c in presses.cells(r)] for r in table["rows"]])
+    b.add("presses", "Inference-time compression", head + f"<ul>{says}</ul>" + body)
+
+
 def section_published(b: Builder) -> None:
     rows = [[f'<span class="published">{esc(k)}</span>', *(f"{x:.1f}" for x in v)]
             for k, v in published.LOOKUP_PREFIX.items()]
@@ -535,7 +551,8 @@ def render_report(root: str | os.PathLike, progress: bool = True) -> Path:
              *((n, partial(section_retrieval, name=n, primary=i == 0)) for i, n in enumerate(retrieval)),
              *((f.__name__.removeprefix("section_"), f) for f in (
                  section_examples, section_flip, section_knockout, section_gates, section_alignment, section_cycle,
-                 section_compare, section_repair, section_family, section_theory, section_published))]
+                 section_compare, section_repair, section_family, section_presses, section_theory,
+                 section_published))]
     with Progress(disable=not progress, transient=True) as prog:
         task = prog.add_task("report", total=len(steps))
         for label, step in steps:
