@@ -21,7 +21,9 @@ Knockouts, through each design's evaluation hooks on its attention modules (None
     Beacon  beacon_knockout  {i}: beacon i of every completed window (raw offsets i r .. i r + r - 1) removed
 
 Every condition runs on the same prompts as the model as trained ("learned"), so its accuracy change by phase is
-paired. Gate statistics: NSA's branch gates at the query, by the target's phase (read from the gate projection).
+paired. Gate statistics: NSA's branch gates at the query, by the target's phase (read from the gate projection);
+Beacon's attention at the query on each beacon index of the completed windows and on its own window, by the beacon
+that holds the target (recomputed from the layer's inputs with its own projections).
 """
 
 from __future__ import annotations
@@ -331,6 +333,74 @@ def gate_table(store: list, rows: pd.DataFrame, plans: list[GridPlan]) -> pd.Dat
     return pd.DataFrame(out)
 
 
+# ---------------------------------------------------------------- Beacon's attention on its beacons
+
+
+def beacon_probs(attn, h: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The last raw slot's attention probabilities (B, H, T_s) over the stream slots pos (T_s,), recomputed from a
+    Beacon layer's inputs h (B, T_s, d) with its own projections, as its forward scores them (which it does not
+    keep)."""
+    from phasekv.attention.beacon import is_beacon, rope_position, visible
+
+    cfg = attn.cfg
+    r, w, n_kv = cfg.beacon_ratio, cfg.beacon_window, cfg.n_kv_heads
+    beacon, rope = is_beacon(pos, r), rope_position(pos, r)  # (T_s,) each
+    qi = int(torch.nonzero(~beacon).flatten()[-1])  # the last raw slot: the query
+    q = attn._rope(attn.q_norm(attn._heads(attn.q_proj(h[:, qi : qi + 1]), cfg.n_heads)), rope[qi : qi + 1])  # (B, H, 1, D)
+    k = attn._rope(attn.k_norm(attn._project(h, beacon, attn.k_proj, attn.beacon_k, n_kv)), rope)  # (B, n_kv, T_s, D)
+    mask = visible(pos[qi : qi + 1], pos, r, w, frozenset(attn.beacon_knockout or ()))  # (1, T_s)
+    scores = q.unflatten(1, (n_kv, -1)) @ k[:, :, None].transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, n_kv, g, 1, T_s)
+    return scores.masked_fill(~mask, float("-inf")).softmax(-1).flatten(1, 3)  # (B, H, T_s)
+
+
+def beacon_attention(attn, h: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The last raw slot's attention (mean over heads, `beacon_probs`) on the beacons of completed windows, summed by
+    beacon index i = 0..w/r-1, and on its own window's slots (last column): (B, w / r + 1), rows summing to 1."""
+    r, w = attn.cfg.beacon_ratio, attn.cfg.beacon_window
+    probs = beacon_probs(attn, h, pos).mean(1)  # (B, T_s)
+    span = w + w // r  # stream slots per window
+    column = torch.where(pos // span == pos[-1] // span, w // r, (pos // (r + 1)) % (w // r))  # (T_s,)
+    return probs.new_zeros(probs.shape[0], w // r + 1).index_add_(1, column, probs)
+
+
+@contextmanager
+def beacon_attention_probe(model, store: list):
+    """Reads every layer's `beacon_attention` at the query, appended to `store` as (B, layers, w / r + 1)."""
+    mods = attention_modules(model)
+    got: list = [None] * len(mods)
+
+    def pre(i):
+        def fn(m, args):
+            got[i] = beacon_attention(m, args[0], args[1]).cpu()
+        return fn
+
+    handles = [m.register_forward_pre_hook(pre(i)) for i, m in enumerate(mods)]
+    try:
+        yield
+        if all(g is not None for g in got):  # (a model without Beacon layers reads nothing)
+            store.append(torch.stack(got, 1))  # (B, layers, w / r + 1)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def beacon_attention_table(store: list, rows: pd.DataFrame, window: int, ratio: int) -> pd.DataFrame:
+    """Mean attention of the query on each beacon index and on its own window, by layer and by the beacon that holds
+    the target key ("raw": the target in the query's own window): columns layer, target, n, beacon 0.., own window."""
+    a = torch.cat(store).numpy()  # (N, layers, w / r + 1)
+    learned = rows[rows["condition"] == LEARNED].reset_index(drop=True)
+    raw = (learned["target_pos"] // window == learned["query_pos"] // window).to_numpy()
+    target = np.where(raw, "raw", ((learned["target_pos"] % window) // ratio).astype(str))
+    names = [f"beacon {i}" for i in range(window // ratio)] + ["own window"]
+    out = []
+    for layer in range(a.shape[1]):
+        for t in dict.fromkeys(sorted(target, key=lambda x: (x == "raw", x))):
+            sel = target == t
+            out.append({"layer": layer, "target": t, "n": int(sel.sum()),
+                        **dict(zip(names, a[sel, layer].mean(0).tolist(), strict=True))})
+    return pd.DataFrame(out)
+
+
 # ---------------------------------------------------------------- the whole analysis
 
 
@@ -358,7 +428,8 @@ def analyze_family(em, cfg: PromptConfig, out, grids: dict[str, int] | None = No
     grid tests, the design's knockouts (prefix padding, `ko_per_group` prompts per group of each knockout modulus)
     and NSA's gates by phase. `grids`: periods to test (default: the model's own, `model_grids`); `evals`:
     padding -> a finished lookup at cfg's modulus to reuse. Writes OUT/summary.json, OUT/results.parquet (the
-    knockouts' effect table), OUT/prompts.parquet, OUT/gates.parquet (NSA), OUT/beacons.parquet (Beacon) and
+    knockouts' effect table), OUT/prompts.parquet, OUT/gates.parquet (NSA), OUT/beacons.parquet and
+    OUT/beacon_attention.parquet (Beacon) and
     OUT/lookup-<padding>-m<M>/; returns the summary."""
     em = as_eval_model(em)
     out = Path(out)
@@ -400,13 +471,16 @@ def _knockouts(em, cfg: PromptConfig, plans: list[GridPlan], conds: list[Conditi
     """The design's knockouts under prefix padding at every modulus its tested grids use."""
     moduli = sorted({p.modulus for p in plans if p.test is not None}) or [cfg.modulus]
     runs, frames, effects, tables = [], [], [], {}
-    nsa = conds[1].hook == "branch_gates"
+    hook = conds[1].hook
+    nsa = hook == "branch_gates"
+    grids = {p.grid: p.period for p in plans}
     store: list = []
+    reader = {"branch_gates": nsa_gate_probe, "beacon_knockout": beacon_attention_probe}.get(hook)
     for m in moduli:
         n = max(MIN_PER_GROUP, round(ko_per_group * cfg.modulus / m))
         c = dataclasses.replace(cfg, padding="prefix", modulus=m, per_group=n, keep_n=n % exact_unit(m) != 0)
         pids = spread_pids(len(RetrievalPrompts(c, em.tok)), m * n)
-        probe = (lambda batch: nsa_gate_probe(em.model, store)) if nsa and m == moduli[0] else None
+        probe = (lambda batch: reader(em.model, store)) if reader and m == moduli[0] else None
         with progress_bar(progress, len(conds), f"family knockouts · {em.name} · M={m}") as advance:
             rows = run_conditions(em, c, conds, pids, batch_size, probe, advance).assign(modulus=m)
         runs.append({"modulus": m, "per_group": n, "conditions": condition_summaries(rows, m, plans, chance, n_boot)})
@@ -415,13 +489,13 @@ def _knockouts(em, cfg: PromptConfig, plans: list[GridPlan], conds: list[Conditi
         for p in [p for p in plans if p.modulus == m and p.period < m] or [None]:
             e = effect_table(units, m, p.period if p else None)  # residue rows (mod m), phase rows (mod the period)
             effects.append(e.assign(grid=(e["grouping"] == "phase").map({True: p.grid if p else None, False: None})))
-        if store and nsa and m == moduli[0]:
-            tables["gates"] = gate_table(store, rows, [p for p in plans if p.modulus == m])
-    hook = conds[1].hook
+        if store and m == moduli[0]:
+            tables["gates" if nsa else "beacon_attention"] = (
+                gate_table(store, rows, [p for p in plans if p.modulus == m]) if nsa
+                else beacon_attention_table(store, rows, grids["w"], grids["r"]))
     ko = {"hook": hook, "padding": "prefix", "runs": runs}
     if nsa:
         ko["masking"] = masking(runs[0]["conditions"])
-    grids = {p.grid: p.period for p in plans}
     if hook == "beacon_knockout":
         tables["beacons"] = beacon_table(pd.concat(frames, ignore_index=True), grids["w"], grids["r"])
     effect = pd.concat(effects, ignore_index=True).drop_duplicates(["unit", "grouping", "modulus", "group", "grid"])

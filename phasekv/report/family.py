@@ -139,11 +139,28 @@ def gate_table(study: Study) -> Table | None:
     return None
 
 
+def beacon_attention_table(study: Study) -> Table | None:
+    for alias, st in _ordered(study):
+        path = st.path / "beacon_attention.parquet"
+        if not path.is_file():
+            continue
+        a = pd.read_parquet(path)
+        cols = [c for c in a.columns if c.startswith("beacon ")] + ["own window"]
+        rows = [[str(r["layer"]), "the raw window" if r["target"] == "raw" else f"beacon {r['target']}", str(r["n"]),
+                 *(fmt(r[c], 3) for c in cols)] for r in a.to_dict("records")]
+        return Table(f"{st.summary['model']}: the query's attention on its beacons by offset",
+                     ["layer", "target key in", "n", *cols], rows,
+                     "Attention of the query token (mean over heads and prompts, the model as trained) on each "
+                     "beacon index of the completed windows (summed over windows) and on its own window's raw "
+                     "tokens and beacons, by where the target key sits.", [alias] * len(rows))
+    return None
+
+
 def tables(study: Study) -> list[Table]:
     if not study.analyses.get("family"):
         return []
-    return [t for t in (lookup_table(study), *knockout_tables(study), beacon_table(study), gate_table(study))
-            if t is not None]
+    return [t for t in (lookup_table(study), *knockout_tables(study), beacon_table(study), beacon_attention_table(study),
+                        gate_table(study)) if t is not None]
 
 
 def sentences(study: Study) -> list[str]:

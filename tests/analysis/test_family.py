@@ -18,6 +18,7 @@ from phasekv.analysis.family import (
     plan_grid,
     reading,
 )
+from phasekv.config import ModelConfig
 from phasekv.data.tokenizer import build_word_tokenizer
 from phasekv.errors import ConfigError
 from phasekv.eval.models import EvalModel
@@ -173,8 +174,12 @@ def test_report_section(study):
     from phasekv.report import family
     from phasekv.report.load import load_study
 
+    beacon_dir = study[1]["beacon"][0]  # the stand-in has no Beacon layers: plant its attention table
+    pd.DataFrame([{"layer": 0, "target": t, "n": 5, "beacon 0": 0.1, "beacon 1": 0.2, "own window": 0.7}
+                  for t in ("0", "1", "raw")]).to_parquet(beacon_dir / "beacon_attention.parquet")
     loaded = load_study(study[0])
     titles = [t.title for t in family.tables(loaded)]
+    assert "fake beacon: the query's attention on its beacons by offset" in titles
     assert titles[0] == "Lookup by design and padding" and len(family.tables(loaded)[0].rows) == 3 * 2
     assert any("branch knockouts" in t for t in titles) and any("beacon that holds the target" in t for t in titles)
     md = family.family_markdown(loaded)
@@ -200,3 +205,28 @@ def test_conditions_and_masking_rules():
     assert masking([cond_row(LEARNED, True), cond_row("cmp", True)])["masks"] is False
     assert masking([cond_row(LEARNED, False), cond_row("cmp", True, retrieves=False)])["masks"] is None
     assert masking([cond_row(LEARNED, False), cond_row("oracle", True)]) is None
+
+
+def test_beacon_attention_reproduces_the_layer():
+    """`beacon_probs` are the probabilities the layer's forward used: they and its values give its output z at the
+    query; the summed mass per beacon index sums to 1 and a knocked-out beacon gets none."""
+    from phasekv import PhaseLM
+    from phasekv.analysis.family import beacon_attention, beacon_probs
+    from phasekv.attention.beacon import is_beacon
+
+    torch.manual_seed(0)
+    model = PhaseLM(ModelConfig.from_name("Beacon r2 · window 8 · 1 KV", preset="tiny", vocab_size=64)).eval()
+    attn, seen = model.layers[1].attn, {}
+    attn.register_forward_pre_hook(lambda m, args: seen.update(h=args[0], pos=args[1]))
+    attn.z_hook.register_forward_hook(lambda m, args, z: seen.update(z=z))
+    for knockout in (None, {1}):
+        attn.beacon_knockout = knockout
+        with torch.no_grad():
+            model(torch.randint(0, 64, (3, 21)))
+            probs = beacon_probs(attn, seen["h"], seen["pos"])  # (B, H, T_s)
+            v = attn._project(seen["h"], is_beacon(seen["pos"], 2), attn.v_proj, attn.beacon_v, 1)  # (B, 1, T_s, D)
+            z = probs @ v[:, 0]  # (B, H, D)
+            mass = beacon_attention(attn, seen["h"], seen["pos"])  # (B, 4 + 1)
+        torch.testing.assert_close(z, seen["z"][:, -1], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mass.sum(1), torch.ones(3))
+        assert mass.shape == (3, 5) and (knockout is None or (mass[:, 1] == 0).all())
