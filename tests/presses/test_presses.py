@@ -19,7 +19,7 @@ from phasekv.data.tokenizer import build_word_tokenizer, to_hf  # noqa: E402
 from phasekv.errors import ConfigError  # noqa: E402
 from phasekv.eval.models import EvalModel  # noqa: E402
 from phasekv.eval.press import Pressed, kept_positions, parse_press, with_press  # noqa: E402
-from phasekv.eval.prompts import RetrievalPrompts, lookup_config  # noqa: E402
+from phasekv.eval.prompts import RetrievalPrompts, lookup_config, needle_config  # noqa: E402
 from phasekv.eval.run import run_retrieval  # noqa: E402
 from phasekv.eval.tokens import WordTokenizer  # noqa: E402
 
@@ -49,7 +49,7 @@ def qwen3():
     """A tiny random Qwen3 (2 layers, 4 query heads, 2 KV heads) over the word tokenizer, as an EvalModel."""
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=TOK.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
     model = Qwen3ForCausalLM(cfg).eval()
     with torch.no_grad():  # sharper random attention, so presses keep different positions per head and prompt
         for layer in model.model.layers:
@@ -153,6 +153,34 @@ def test_caches_of_different_lengths_per_layer_are_one_error(qwen3):
     with pytest.raises(ConfigError, match="kept 17 and 20 context tokens in different layers"):
         for _ in em.score(prompts(), "prefix", batch_size=8):
             pass
+
+
+def test_flip_candidates_under_a_press_equal_kvpress_by_hand(qwen3):
+    """The filler sweep's question is the last token: the rest prefilled under the press, then the last token and
+    each candidate (teacher-forced beyond its first token) uncompressed."""
+    em = with_press(qwen3, "snapkv:0.5")
+    ids = prompts(1)[0].ids
+    cands = [[5], [7, 9, 11]]
+    ours = em.candidate_logprobs(ids, cands)
+    for c, lp in zip(cands, ours, strict=True):
+        n = len(ids) - 1
+        cache = DynamicCache()
+        with torch.no_grad(), BY_HAND["snapkv:0.5"]()(qwen3.model):
+            qwen3.model.model(input_ids=torch.tensor([ids[:n]]), past_key_values=cache)
+        q = torch.tensor([ids[n:] + c[:-1]])
+        with torch.no_grad():
+            logits = qwen3.model(input_ids=q, past_key_values=cache, position_ids=torch.arange(n, n + q.shape[1])[None])
+        hand = torch.log_softmax(logits.logits[0].float(), -1).gather(1, torch.tensor(c)[:, None]).sum()
+        assert lp == pytest.approx(float(hand), abs=1e-4)
+
+
+def test_needle_under_a_press(qwen3, tmp_path):
+    """The needle test's question: the two demonstration records (4 tokens each) and the two-word target key."""
+    cfg = needle_config(context=192, per_group=8, keep_n=True, mappings=2)
+    em = with_press(qwen3, "chunk(knorm,16):0.5")
+    run_retrieval("needle", em, cfg, tmp_path, batch_size=8, progress=False)
+    cache = json.loads((tmp_path / "summary.json").read_text())["provenance"]["model_info"]["press"]["cache"]
+    assert cache["question"] == 2 * 4 + 2 and cache["context"] + cache["question"] == RetrievalPrompts(cfg, WT).length
 
 
 def _main(args, monkeypatch, capsys) -> tuple[int, str]:
