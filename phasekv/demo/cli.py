@@ -34,11 +34,17 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def study(
-        out: Path = typer.Option(Path("study_out"), "--out", "-o", help="Study directory (runs, results, report)."),
+        out: Path = typer.Option(None, "--out", "-o", help="Study directory (runs, results, report); default "
+                                 "study_out, with --family family_out."),
         quick: bool = typer.Option(False, "--quick", help="Smoke version: every stage of every run at the demo's "
                                    "--quick budgets (too short for the effects to show)."),
         preset: str = typer.Option(STUDY_PRESET, help="Backbone preset of every run (8 KV heads need >= 8 query "
                                    "heads)."),
+        family: bool = typer.Option(False, "--family", help="The grid family instead: NSA, MoBA and Activation "
+                                    "Beacon beside full attention and W8/S4 · 1 KV at the demo's scale and recipe "
+                                    "(tiny preset; --preset does not apply), each model's lookup tested at every "
+                                    "grid period of the family, the designs' knockouts; the report's section "
+                                    "\"The family\"."),
         jobs: int = typer.Option(None, help=JOBS_HELP),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
         rerun: list[str] = typer.Option(None, "--rerun", metavar="MODEL", help=RERUN_HELP),
@@ -49,6 +55,9 @@ def register(app: typer.Typer) -> None:
         gate statistics, gate cycling for every W = S run, the flip sweep and the theory checks; then
         OUT/report/index.html, whose first section gives a verdict on each of the study's claims C1-C10
         (also OUT/report/claims.json). Resumable: re-running skips finished work."""
-        from phasekv.demo.runner import run_study
+        from phasekv.demo.runner import run_family, run_study
 
-        run_study(out, quick=quick, preset=preset, jobs=jobs, progress=progress, rerun=rerun or [])
+        if family:
+            run_family(out or Path("family_out"), quick=quick, jobs=jobs, progress=progress)
+            return
+        run_study(out or Path("study_out"), quick=quick, preset=preset, jobs=jobs, progress=progress, rerun=rerun or [])

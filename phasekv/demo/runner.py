@@ -30,7 +30,7 @@ from phasekv import __version__
 from phasekv.attention.compressor import cyclable
 from phasekv.config import ModelConfig
 from phasekv.demo import stages
-from phasekv.demo.plan import STUDY_PRESET, DemoPlan, plan_for, study_plan
+from phasekv.demo.plan import STUDY_PRESET, DemoPlan, family_plan, plan_for, study_plan
 from phasekv.errors import ConfigError, PhaseKVError
 from phasekv.eval.protocols import LOOKUP, PROTOCOLS
 from phasekv.io import write_json
@@ -180,6 +180,8 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
             c = lay.analysis("cycle", alias)
             tasks.append(Task(f"cycle {alias}", stages.cycle, {"plan": p, "run_dir": run, "out": str(c)},
                               lambda c=c: done(c), trained))
+    if plan.kind == "family":
+        tasks += family_tasks(lay, plan, cfgs)
     prefix = [t for t in tasks if t.name.startswith(LOOKUP.task("prefix"))]
     tasks.append(Task("compare", stages.compare, {"plan": p, "evals": [t.kwargs["out"] for t in prefix],
                                                   "out": str(lay.compare)},
@@ -196,6 +198,22 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
     tasks.append(Task("example prompts", stages.examples,
                       {"plan": p, "root": str(root), "aliases": list(cfgs), "tokenizer_run": str(lay.run(next(iter(cfgs))))},
                       lambda: lay.examples.is_file(), lookups))
+    return tasks
+
+
+def family_tasks(lay: Layout, plan: DemoPlan, cfgs: dict[str, ModelConfig]) -> list[Task]:
+    """The family stage of every model (`stages.family`), after its training and lookups: a design at its own
+    grid periods, a baseline at its own and every design's (the same tests, where no weak spot is expected)."""
+    family = {k: v for c in cfgs.values() if c.family for k, v in c.grids.items()}
+    tasks = []
+    for alias, cfg in cfgs.items():
+        out = lay.analysis("family", alias)
+        evals = {v: str(lay.lookup(v, alias)) for v in LOOKUP.study}
+        tasks.append(Task(f"family {alias}", stages.family,
+                          {"plan": plan.to_dict(), "run_dir": str(lay.run(alias)), "out": str(out),
+                           "grids": cfg.grids if cfg.family else cfg.grids | family, "evals": evals},
+                          lambda out=out: done(out),
+                          [f"train {alias}", *(f"{LOOKUP.task(v)} {alias}" for v in LOOKUP.study)]))
     return tasks
 
 
@@ -403,6 +421,13 @@ def run_study(out: str | os.PathLike = "study_out", quick: bool = False, preset:
     """Run (or resume) the whole study (the paper's grid at `preset`) into `out`, then its report; `rerun` as in
     `run_plan`."""
     return run_plan(out, study_plan(quick, preset), jobs, progress, report, rerun)
+
+
+def run_family(out: str | os.PathLike = "family_out", quick: bool = False, jobs: int | None = None,
+               progress: bool = True, report: bool = True) -> dict:
+    """Run (or resume) the grid family (`family_plan`: NSA, MoBA, Activation Beacon beside full attention and
+    W8/S4 · 1 KV at the demo's scale and recipe) into `out`, then its report (a section "The family")."""
+    return run_plan(out, family_plan(quick), jobs, progress, report)
 
 
 def run_plan(out: str | os.PathLike, plan: DemoPlan, jobs: int | None = None, progress: bool = True,

@@ -76,6 +76,12 @@ class PromptConfig:
     def record_len(self) -> int:
         return self.key_tokens + 1 + (self.separator is not None)
 
+    @property
+    def target_positions(self) -> int:
+        """Positions the target key can take (the filler before it plus the records ahead of it): a position
+        design must fit in them (`phasekv.eval.design.span`)."""
+        return self.filler + (self.records - 1) * self.record_len + 1
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -119,7 +125,7 @@ class RetrievalPrompts:
         L, R = cfg.record_len, cfg.records
         self.length = self.b + cfg.filler + R * L + (self.marker is not None) + cfg.demos * L + cfg.key_tokens
         self.query_pos = self.length - 1
-        lo, hi = self.b, self.b + cfg.filler + (R - 1) * L  # reachable target positions
+        lo, hi = self.b, self.b + cfg.target_positions - 1  # reachable target positions
         self.design: PositionDesign = make_design(
             cfg.modulus, cfg.per_group, center=(lo + hi) / 2, keep_n=cfg.keep_n, rng=np.random.default_rng([cfg.seed, 7])
         )
