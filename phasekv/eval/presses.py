@@ -133,8 +133,8 @@ def findings(table: dict) -> list[str]:
         if hits:
             verdict = "retrieval depends on phase at " + ", ".join(hits)
         elif detected:
-            verdict = (f"no significant power at period {' or '.join(periods)}; the detected periods "
-                       f"({', '.join(map(str, detected))}) come from gaps without a phase pattern at that period")
+            verdict = (f"no significant power at period {' or '.join(periods)}: its gaps do not follow the phase "
+                       f"(detected period {', '.join(map(str, detected))} of M = {table['modulus']})")
         else:
             verdict = f"no phase dependence detected (period 1; no significant power at period {' or '.join(periods)})"
         out.append(f"{press}: {verdict}. {gaps}.")
