@@ -37,6 +37,7 @@ TINY: dict[str, dict[str, str | None]] = {
     "analyze knockout": {"--per-group": "1", "--keep-n": None, "--n-cal": "4"},
     "analyze gates": {"--per-group": "1", "--keep-n": None, "--n-prompts": "8"},
     "analyze cycle": {"--per-group": "1", "--keep-n": None, "--delta": "1"},
+    "analyze family": {"--per-group": "1", "--keep-n": None, "--ko-per-group": "1"},
     "smoke": {"--tokens": "64", "--decode": "8"},
     "repair": {"--bench-reps": "1", "--bench-batch": "2", "--bench-seq-len": "16"},
     "compare": {},
