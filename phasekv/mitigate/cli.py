@@ -123,7 +123,7 @@ def repair_command(
     r = run_repair(directory, unrepaired, reference=reference, context=context, bench=bench)
     if record is not None:
         when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
-        write_json(record, seed_record(r, f"phasekv repair {directory.name}, git {git_revision() or '?'}, {when}"))
+        write_json(record, seed_record(r, f"phasekv repair {directory}, git {git_revision() or '?'}, {when}"))
         console.print(f"wrote {record}")
     wide = Console(width=max(console.width, 150))
     wide.print(goals_table(r))
