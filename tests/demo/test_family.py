@@ -1,0 +1,29 @@
+"""`phasekv study --family`: the plan (the demo's recipe for the designs and the baselines) and its task graph."""
+
+from phasekv.config import ModelConfig
+from phasekv.demo.plan import FAMILY, family_plan, plan_for
+from phasekv.demo.runner import build_tasks
+
+
+def test_family_plan_keeps_the_demos_recipe():
+    plan, demo = family_plan(quick=False), plan_for(quick=False)
+    assert plan.kind == "family" and plan.preset == "tiny" and not plan.repairs()
+    assert [ModelConfig.from_name(m).family for m in plan.models] == [None, None, "nsa", "moba", "beacon"]
+    for m in plan.models:  # the baselines as in the demo, the designs as its full attention (1,000 steps)
+        assert plan.training_of(m) == demo.training_of(m if m in demo.models else "Full attention · 1 KV")
+        assert plan.recall_of(m) == demo.recall_of("W8/S4 · 1 KV")
+    assert plan.training_of("Full attention · 1 KV")["steps"] == 1000 and plan.steps_of("W8/S4 · 1 KV") == 600
+    assert family_plan(quick=True).steps_of(FAMILY[0]) == plan_for(quick=True).steps
+
+
+def test_family_task_graph(tmp_path):
+    tasks = {t.name: t for t in build_tasks(tmp_path, family_plan(quick=True))}
+    nsa, w8s4 = (ModelConfig.from_name(m).alias for m in (FAMILY[0], "W8/S4 · 1 KV"))
+    fam = tasks[f"family {nsa}"]
+    assert fam.kwargs["grids"] == {"d": 4, "l'": 8}
+    assert set(fam.after) == {f"train {nsa}", f"lookup prefix {nsa}", f"lookup in-sequence {nsa}"}
+    assert fam.kwargs["evals"]["prefix"].endswith(f"eval/lookup-prefix/{nsa}")
+    # a baseline is tested at its own stride and every design's grid
+    assert tasks[f"family {w8s4}"].kwargs["grids"] == {"S": 4, "d": 4, "l'": 8, "B": 16, "r": 8, "w": 32}
+    assert tasks["family full-1kv"].kwargs["grids"] == {"d": 4, "l'": 8, "B": 16, "r": 8, "w": 32}
+    assert not any(name.startswith("family") for name in (t.name for t in build_tasks(tmp_path / "d", plan_for(True))))
