@@ -1,4 +1,4 @@
-"""Gate concentration (SPEC §5): how many window offsets a compressor gate effectively uses.
+"""Gate concentration (docs: Explain the weak phases; the paper's Figure 4): how many window offsets a compressor gate effectively uses.
 
 For gate weights alpha over the W offsets of many windows:
 
