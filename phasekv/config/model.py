@@ -1,4 +1,4 @@
-"""Model configuration: a Qwen3-shaped backbone plus the compression attributes of the study (SPEC §3)."""
+"""Model configuration: a Qwen3-shaped backbone plus the compression attributes of the study (docs: Model names)."""
 
 from __future__ import annotations
 
