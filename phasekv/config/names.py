@@ -230,7 +230,7 @@ def format_alias(cfg: ModelConfig) -> str:
     return "-".join(_head(cfg, True) + _attributes(cfg, True))
 
 
-# The study's grid (SPEC §3): 3 full-attention baselines and 23 compressed runs.
+# The study's grid (the paper's Figure 2; docs: The study and its claims): 3 full-attention baselines and 23 compressed runs.
 PAPER_GRID: list[str] = [
     "Full attention · 1 KV", "Full attention · 4 KV", "Full attention · 8 KV",
     "W8/S8 · 1 KV", "W8/S8 · 1 KV · seed 43", "W8/S8 · 1 KV · seed 44", "W8/S8 · 1 KV · seed 45",
