@@ -1,4 +1,4 @@
-"""Compressors (SPEC §2-3): one compressed entry per window of W tokens, every S tokens.
+"""Compressors (docs: Model names, 'How a compressed layer works'): one compressed entry per window of W tokens, every S tokens.
 
 Every variant is the general compressor of the paper, read through its own parameterisation:
 
