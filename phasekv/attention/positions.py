@@ -1,4 +1,4 @@
-"""The one place that says which keys a query sees and where compressed entries sit (SPEC §2).
+"""The one place that says which keys a query sees and where compressed entries sit (docs: Model names).
 
 Entry `j` of a layer whose window grid starts at `o` (0 unless staggered; -S for a V4 CSA compressor,
 whose first window holds only its current block) is written from tokens `jS+o .. jS+o+W-1` (those at
