@@ -103,7 +103,7 @@ def _published_text(evidence: dict) -> str:
 
 
 def section_claims(b: Builder) -> None:
-    """The study's claims C1-C10 (SPEC §8), each with its computed verdict; also written as report/claims.json."""
+    """The study's claims C1-C10 (docs: The study and its claims), each with its computed verdict; also written as report/claims.json."""
     found = claims.verdicts(claims.facts(b.study))
     write_json(Layout(b.study.root).claims, [v.to_dict() for v in found], indent=1)
     rows = [[f"<b>{v.claim}</b>", f'<span class="published">{esc(published.CLAIMS[v.claim])}</span>',
@@ -492,7 +492,7 @@ def section_presses(b: Builder) -> None:
 def section_published(b: Builder) -> None:
     rows = [[f'<span class="published">{esc(k)}</span>', *(f"{x:.1f}" for x in v)]
             for k, v in published.LOOKUP_PREFIX.items()]
-    body = ('<p class="published">These are the paper\'s numbers (SPEC §7), from Qwen3-0.6B-shaped models and '
+    body = ('<p class="published">These are the paper\'s numbers (its Figure 2 and table, its needle table, Figure 6), from Qwen3-0.6B-shaped models and '
             "DeepSeek models. They are not produced by this code and are shown only for comparison.</p>")
     body += "<h3>Controlled lookup, prefix padding (published)</h3>"
     body += html.table(['<span class="published">model (published)</span>', "mean", "worst", "gap"], rows)
