@@ -1,4 +1,4 @@
-"""Published numbers of the study (SPEC section 7), shown beside ours and always labelled as published.
+"""Published numbers of the study (the paper's Figure 2 and its table, its needle table, Figure 6), shown beside ours and always labelled as published.
 
 They are reference values from the paper's Qwen3-0.6B-shaped runs and DeepSeek models, never results of
 this code: the report prints them in their own, labelled columns and never mixes them into a verdict.
@@ -6,7 +6,7 @@ this code: the report prints them in their own, labelled columns and never mixes
 
 from __future__ import annotations
 
-SOURCE = "published (paper, SPEC §7)"
+SOURCE = "published (paper)"
 PROTOCOL = ("lookup", "prefix")  # the evaluation (protocol, padding) the published lookup table comes from
 
 # Controlled lookup, prefix padding: (mean, worst, gap) in points, Qwen3-0.6B-shaped models trained from scratch
@@ -47,7 +47,7 @@ def counterpart(name: str) -> str | None:
     """The published lookup row a model is shown beside, if any."""
     return name if name in LOOKUP_PREFIX else None
 
-# The study's claims in the paper's words (SPEC §8); `phasekv.report.claims` gives each a verdict
+# The study's claims in the paper's words (docs: The study and its claims); `phasekv.report.claims` gives each a verdict
 CLAIMS: dict[str, str] = {
     "C1": "Compressed models' accuracy by target position is periodic with period S (strides 4, 6, 8, 12).",
     "C2": "Full-attention baselines stay flat (gap within about 6 points), under both paddings.",
