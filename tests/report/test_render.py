@@ -63,7 +63,7 @@ def test_tables_readable_without_javascript(page, study_dir):
 
 def test_published_numbers_labelled(page):
     html, text, _ = page
-    assert "published (paper, SPEC §7)" in text
+    assert "published (paper)" in text
     for name, (mean, worst, gap) in published.LOOKUP_PREFIX.items():
         assert f"{name}: {mean:.1f} / {worst:.1f} / {gap:.1f}" in text  # beside our rows, labelled
     # published numbers sit only in cells marked as published (page body, figure data and images removed)
