@@ -90,7 +90,7 @@ def r2_grid(study: Study) -> pd.DataFrame | None:
 
 
 def grid_table(study: Study) -> pd.DataFrame:
-    """Figure 2 of the paper as a table: every run of its grid (SPEC §3), then any other model of the study, with
+    """Figure 2 of the paper as a table: every run of its grid (docs: The study and its claims), then any other model of the study, with
     our lookup summary under each padding (NaN where not run) and the published values beside them."""
     names = {m.name: a for a, m in study.models.items()}
     rows = []
