@@ -1,4 +1,4 @@
-"""The study's claims C1-C10 (SPEC §8), each with a verdict computed from a study directory's results.
+"""The study's claims C1-C10 (docs: The study and its claims), each with a verdict computed from a study directory's results.
 
 `facts(study)` gathers what the rules read, keyed by paper name; each rule (`c1` .. `c10`) is a small
 function of those facts that returns a `Verdict`: `reproduced`, `not reproduced`, or `not testable here`
