@@ -1,6 +1,6 @@
 """The coverage regulariser: a training penalty that keeps heads from sharing static gate preferences.
 
-Theory (SPEC section 6): optimal compression is one-hot per head, and at eps = 0 the optimal assignments use
+Theory (the paper's theory section, Theorems 1 and 2): optimal compression is one-hot per head, and at eps = 0 the optimal assignments use
 *distinct* positions across heads; but gradient flow has no term that pushes heads apart, so several heads
 can settle on the same offset and leave other phases with no head that writes them (a weak phase). The
 penalty adds the missing term. For every compressed KV head h (all layers, every learned branch) take its
