@@ -2,7 +2,7 @@
 
 Accuracies are proportions in [0, 1] inside this module; `summarize` converts to percent (points) for
 reports. The bootstrap unit is the key-name mapping: every mapping is evaluated at every residue, so
-resampling mappings keeps the residue groups paired (SPEC section 4).
+resampling mappings keeps the residue groups paired (docs: Evaluation protocols and statistics).
 """
 
 from __future__ import annotations
