@@ -9,7 +9,7 @@ target at the largest position <= base + Y with residue r:
 e = (base + Y - r) mod M is uniform on {0..M-1} given Y1 (Y2 covers every residue) and given Y2, so it
 is uncorrelated with Y; hence E[p_r] = base + E[Y] - (M-1)/2 and Var[p_r] = Var[Y] + (M^2-1)/12 for
 every r: exact moment matching with N = L1*L2*M^2 prompts per group. No smaller N can work in general
-(SPEC section 4: N r(r-1) = 0 mod M^2), so other N are rounded up to the next multiple of M^2, or
+(N r(r-1) = 0 mod M^2; docs: Evaluation protocols and statistics), so other N are rounded up to the next multiple of M^2, or
 (keep_n) drawn from this exactly matched design distribution, with the empirical spread reported.
 """
 
