@@ -1,6 +1,6 @@
 """Prompt builders: position-matched record retrieval (lookup, needle) and the filler sweep (flip).
 
-One layout serves lookup and needle (SPEC section 4):
+One layout serves lookup and needle (docs: Evaluation protocols and statistics):
 
     [special] [gap_0] rec_0 [gap_1] rec_1 ... [gap_{R-1}] rec_{R-1} [gap_R] [marker] demo_1 .. demo_D  target-key
     rec = key tokens (1 for lookup, 2 for needle), value (one name), optional separator (needle: 1)
