@@ -60,7 +60,7 @@ COMMON = {
 PRESS = typer.Option(None, "--press", help="Evaluate under a kvpress KV-cache press (a Hugging Face model; kvpress's "
                      "own environment, make kvpress-venv): each prompt's context compressed at prefill, its "
                      "question after it uncompressed. E.g. snapkv:0.5, streaming:0.5, knorm:0.5, keydiff:0.5, "
-                     "chunk(knorm,8):0.75, chunkkv(snapkv,8):0.5 (SPEC:RATIO, the share of context KV pairs "
+                     "chunk(knorm,8):0.75, chunkkv(snapkv,8):0.5 (PRESS:RATIO, the share of context KV pairs "
                      "dropped); the stride defaults to its chunk length.")
 ENGINE = {  # a model served by an inference engine instead of --model (phasekv.eval.engine)
     "server": typer.Option(None, "--server", help="Evaluate the model an inference engine serves at this address "
