@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
         rerun: list[str] = typer.Option(None, "--rerun", metavar="MODEL", help=RERUN_HELP),
     ) -> None:
-        """The whole study on this CPU: every run of the paper's grid (SPEC §3) and its full-attention
+        """The whole study on this CPU: every run of the paper's grid (its Figure 2) and its full-attention
         baselines, trained with the demo's recipe plus a quarter of repeat sequences (without them full attention
         stays at chance at 8 query heads) at one backbone; the lookup under both paddings, knockouts,
         gate statistics, gate cycling for every W = S run, the flip sweep and the theory checks; then
