@@ -190,7 +190,7 @@ STUDY_STEPS = 1600  # optimizer steps of every run of the study
 
 
 def study_plan(quick: bool, preset: str = STUDY_PRESET) -> DemoPlan:
-    """The whole study (SPEC §3: the paper's grid, 26 runs with the full-attention baselines) with the demo's
+    """The whole study (the paper's grid of its Figure 2, 26 runs with the full-attention baselines) with the demo's
     data layout plus repeat sequences (STUDY_RECALL) and the demo's sizes at `preset`; --quick: smoke budgets
     (STUDY_QUICK). Every run gets one budget, as in the paper: STUDY_STEPS (uniform averaging too: with repeats it
     learns in it; full attention too: at a shorter budget it can miss the lookup, measured above). The study was
