@@ -1,4 +1,4 @@
-"""`phasekv analyze knockout|gates|cycle`: the mechanism analyses of SPEC §5 from the command line."""
+"""`phasekv analyze knockout|gates|cycle`: the mechanism analyses (docs: Explain the weak phases) from the command line."""
 
 from __future__ import annotations
 
