@@ -1,4 +1,4 @@
-"""Gate concentration and gate scores by phase (SPEC §5, the paper's Figures 4 and 5).
+"""Gate concentration and gate scores by phase (the paper's Figures 4 and 5; docs: Explain the weak phases).
 
 For every compressed layer, KV head and branch (key, value), over the complete windows of many prompts:
 
