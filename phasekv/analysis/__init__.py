@@ -1,4 +1,4 @@
-"""Mechanism analyses (SPEC §5): why a compressed model has weak phases.
+"""Mechanism analyses (docs: Explain the weak phases): why a compressed model has weak phases.
 
 - `phasekv.analysis.knockout`: KV-head / whole-layer mean-ablation knockouts by residue and phase
   (`analyze_knockout`, `run_knockouts`, `effect_table`); hooks in `phasekv.analysis.hooks`.
