@@ -1,4 +1,4 @@
-"""KV-head and whole-layer knockouts by phase (SPEC §5, the paper's Figure 3).
+"""KV-head and whole-layer knockouts by phase (the paper's Figure 3; docs: Explain the weak phases).
 
 Mean ablation at the query: for each (layer, KV head), at the final token of every lookup prompt, the
 outputs z (before o_proj) of every query head that reads that KV head are replaced by their mean over
