@@ -1,4 +1,4 @@
-"""Gate cycling (SPEC §5, the paper's Figure 6): move the gates' offset preferences, keep the payloads.
+"""Gate cycling (the paper's Figure 6; docs: Explain the weak phases): move the gates' offset preferences, keep the payloads.
 
 For W = S, cycling by delta sets Z~_i = Z_{(i - delta) mod W} and b~_i = b_{(i - delta) mod W} in every
 compressed layer, key and value branch alike (`torch.roll` along the offset dim 0); payloads C_i stay.
