@@ -3,6 +3,7 @@ Python entry points, and writes its outputs atomically into the study layout (`p
 
 from __future__ import annotations
 
+import json
 import shutil
 import warnings
 from pathlib import Path
@@ -35,9 +36,19 @@ def _prompts(plan: DemoPlan, em, padding: str = "prefix", per_group: int | None 
                modulus=plan.modulus, per_group=n, keep_n=n % plan.modulus**2 != 0, mappings=plan.mappings, seed=0)
 
 
+def train_config(p: DemoPlan, arch: str, run_dir: str):
+    """The `TrainConfig` the plan trains `arch` with (its recipe is what a seed record is matched by)."""
+    from phasekv.train import TrainConfig
+
+    return TrainConfig(arch=arch, preset=p.preset, **p.training_of(arch), seq_len=p.seq_len, warmup=p.warmup,
+                       grad_accum=p.micro_batches, trim=p.micro_batches > 1,
+                       ckpt_every=p.ckpt_every, val_every=0, out=run_dir, threads=1, progress=False,
+                       data={"data": "recall", "recall": {**p.recall_of(arch), "seq_len": p.seq_len}})
+
+
 def train_model(plan: dict, arch: str, run_dir: str) -> dict:
     """Train (or resume) one model; a run with no complete checkpoint restarts from scratch."""
-    from phasekv.train import TrainConfig, train
+    from phasekv.train import train
     from phasekv.train.checkpoint import latest_checkpoint, read_trainer_state
 
     _setup()
@@ -46,9 +57,7 @@ def train_model(plan: dict, arch: str, run_dir: str) -> dict:
     resume = last is not None
     if not resume and Path(run_dir).exists():
         shutil.rmtree(run_dir)
-    cfg = TrainConfig(arch=arch, preset=p.preset, **p.training_of(arch), seq_len=p.seq_len, warmup=p.warmup,
-                      grad_accum=p.micro_batches, trim=p.micro_batches > 1,
-                      ckpt_every=p.ckpt_every, val_every=0, out=run_dir, threads=1, progress=False, data={"data": "recall", "recall": {**p.recall_of(arch), "seq_len": p.seq_len}})
+    cfg = train_config(p, arch, run_dir)
     start = read_trainer_state(last)["step"] if resume else 0
     return {**train(cfg, resume=resume), "resumed_from": start}
 
@@ -164,7 +173,8 @@ SWEEPS = {"flip": flip}  # the demo stage of each protocol that is not a retriev
 
 
 def repair(plan: dict, root: str) -> dict:
-    """Every compressed model against the repair's goals (`phasekv repair`), at the plan's seeds."""
+    """Every compressed model against the repair's goals (`phasekv repair`), at the plan's seeds, citing the plan's
+    seed record (the same designs measured at seeds 42-49)."""
     from phasekv.mitigate.cost import Bench
     from phasekv.mitigate.repair import Goals, run_repair
 
@@ -173,7 +183,8 @@ def repair(plan: dict, root: str) -> dict:
     quick = p.mode == "quick"  # steps of the training batch; a smoke run times a small one, once
     bench = Bench(batch=8 if quick else p.batch_size, seq_len=32 if quick else p.seq_len, reps=1 if quick else 5,
                   decode_context=64 if quick else 512)
-    return run_repair(Path(root), p.repair_unrepaired, bench=bench, goals=Goals(seeds=p.repair_seeds),
+    record = json.loads(Path(__file__).with_name(p.repair_record).read_text()) if p.repair_record else None
+    return run_repair(Path(root), p.repair_unrepaired, bench=bench, goals=Goals(seeds=p.repair_seeds), record=record,
                       progress=False)
 
 

@@ -68,6 +68,11 @@ def recipe(run_dir: Path) -> dict:
         train = json.loads((Path(run_dir) / "config.json").read_text()).get("train", {})
     except (OSError, json.JSONDecodeError):
         return {}
+    return train_recipe(train)
+
+
+def train_recipe(train: dict) -> dict:
+    """The recipe of a training config (`TrainConfig.to_dict()`, a run's config.json "train")."""
     data = train.get("data") or {}
     return ({k: train.get(k) for k in RECIPE} | {"data": data.get("data")}
             | {f"recall {k}": v for k, v in (data.get("recall") or {}).items()})
