@@ -92,13 +92,14 @@ def _open_hf(path: Path, device, trust_remote_code: bool, tokenizer, hf_tokenize
     from transformers import AutoModelForCausalLM, AutoTokenizer  # slow import: only when an HF dir is opened
 
     source = Path(tokenizer or path)
-    if source.is_dir() and not any((source / f).is_file() for f in TOKENIZER_FILES):
-        # transformers would build an empty tokenizer here, and every word would then fail as "not one token"
-        raise CheckpointError(f"{source}: no tokenizer in this directory (none of {', '.join(TOKENIZER_FILES)}); "
-                              "give the model's tokenizer with --tokenizer FILE_OR_DIR")
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True,
                                                      trust_remote_code=trust_remote_code)
+        if source.is_dir() and not any((source / f).is_file() for f in TOKENIZER_FILES):
+            # the model loads, but transformers would build an empty tokenizer, and every word would then fail as
+            # "not one token" (checked after the model, so a directory without loadable weights says that first)
+            raise CheckpointError(f"{source}: no tokenizer in this directory (none of {', '.join(TOKENIZER_FILES)}); "
+                                  "give the model's tokenizer with --tokenizer FILE_OR_DIR")
         tok = (AutoTokenizer.from_pretrained(tokenizer or path, local_files_only=True,
                                              trust_remote_code=trust_remote_code)
                if hf_tokenizer else load_tokenizer(Path(tokenizer or path / "tokenizer.json")))
