@@ -38,6 +38,8 @@ from phasekv.config.model import COMPRESSORS as COMPRESSOR_NAMES
 
 OffsetParams = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 GATE_BIAS_NAMES = ("gate_bias", "position_bias")  # the variants' gate-bias parameters (biases: no weight decay)
+OUT_OF_BAND = -1e4  # phase bands: gate logit added outside a head's band (exp underflows to 0; finite, so a window
+#                     holding no token of the band averages instead of giving NaN)
 
 
 @dataclass
@@ -162,9 +164,11 @@ class CompressorBranch(nn.Module, ABC):
 
 
 class OffsetBranch(CompressorBranch):
-    """The paper's branch: its own payload C_i, gate Z_i and bias b_i for every offset i."""
+    """The paper's branch: its own payload C_i, gate Z_i and bias b_i for every offset i; `banded` (phase bands):
+    KV head h's gate logits are OUT_OF_BAND at the offsets outside its band (`phase_band`), a fixed mask folded into
+    the bias, so the head never reads those phases."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, banded: bool = False):
         super().__init__()
         W, n_kv, d_head, d = cfg.window, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
         std = d**-0.5
@@ -175,10 +179,17 @@ class OffsetBranch(CompressorBranch):
         self.gate_bias = nn.Parameter(torch.zeros(W, n_kv, G)) if cfg.gate != "uniform" and cfg.gate_bias else None
         self.post_norm = RMSNorm(d_head, cfg.norm_eps) if cfg.post_norm else None
         self.window = W
+        band = phase_band(W, cfg.stride, n_kv) if banded else None  # (W, n_kv) bool
+        self.register_buffer("band", None if band is None else torch.where(band, 0.0, OUT_OF_BAND)[..., None],
+                             persistent=False)  # (W, n_kv, 1) logit mask; rebuilt from the config, not saved
 
     def offset_params(self) -> OffsetParams:
         payload = self.payload if self.payload.shape[0] == self.window else self.payload.expand(self.window, -1, -1, -1)
-        return payload, self.gate_weight, self.gate_bias  # a shared payload: one C viewed at every offset
+        bias = self.gate_bias
+        if self.band is not None:
+            G = self.gate_weight.shape[2]
+            bias = self.band.expand(-1, -1, G) if bias is None else bias + self.band  # (W, n_kv, G)
+        return payload, self.gate_weight, bias  # a shared payload: one C viewed at every offset
 
     def cycled_params(self) -> list[nn.Parameter]:
         return [p for p in (self.gate_weight, self.gate_bias) if p is not None]
@@ -342,7 +353,7 @@ class PaperCompressor(Compressor):
 
     def __init__(self, cfg: ModelConfig, grid: Grid, rope: Rope):
         super().__init__(grid, rope, head_delays(cfg))
-        self.key = OffsetBranch(cfg)
+        self.key = OffsetBranch(cfg, banded=cfg.phase_bands)  # phase bands restrict the key gates: what a query finds
         self.value = None if cfg.tied_kv else OffsetBranch(cfg)
 
     def branches(self) -> list[CompressorBranch]:
@@ -400,8 +411,9 @@ def project_windows(branches: list[CompressorBranch], windows: torch.Tensor, pre
     c, s = y.split([D, G], -1)  # (W, B, n, n_kv, nb, D), (W, B, n, n_kv, nb, G)
     if G == 0:
         s = y.new_zeros(()).expand(W, B, n, n_kv, len(branches), 1)  # uniform averaging: equal logits
-    elif params[0][2] is not None:
-        s = s + torch.stack([p[2] for p in params], 2)[:, None, None]  # bias (W, n_kv, nb, G)
+    elif any(p[2] is not None for p in params):  # a banded key branch has a bias beside a value branch without
+        s = s + torch.stack([p[1].new_zeros(p[1].shape[:3]) if p[2] is None else p[2] for p in params],
+                            2)[:, None, None]  # bias (W, n_kv, nb, G)
     if present is not None:
         mask = (present if present.dim() == 3 else present[None]).permute(2, 0, 1)  # (W, 1 or B, n)
         s = s.masked_fill(~mask[..., None, None, None], float("-inf"))
@@ -427,6 +439,13 @@ def pool(branches: list[CompressorBranch], windows: torch.Tensor, present: torch
 # the class of each name in config's COMPRESSORS, in its order: a name there without a class here (or the
 # reverse) fails at import
 COMPRESSORS: dict[str, type[Compressor]] = dict(zip(COMPRESSOR_NAMES, (PaperCompressor, V4Compressor), strict=True))
+
+
+def phase_band(window: int, stride: int, n_kv: int) -> torch.Tensor:
+    """(W, n_kv) bool: offset i is in KV head h's band when (i mod S) n_kv // S = h (phase bands: each head owns
+    a run of about S / n_kv phases, every phase owned by exactly one head)."""
+    owner = (torch.arange(window) % stride) * n_kv // stride  # (W,)
+    return owner[:, None] == torch.arange(n_kv)[None]
 
 
 def head_delays(cfg: ModelConfig) -> tuple[int, ...]:

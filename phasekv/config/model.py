@@ -13,7 +13,8 @@ CONFIG_VERSION = 1
 GATES = ("scalar", "vector", "uniform")
 COMPRESSORS = ("paper", "v4")  # the compressor variants' names: the one list (attention.compressor keys its classes by it)
 COMPRESSION_FIELDS = ("gate", "tied_kv", "gate_bias", "local_window", "post_norm", "stagger", "coverage_reg",
-                      "compressor", "attention_sink", "shared_payload", "head_stagger", "grid_jitter")  # attributes full attention does not have
+                      "compressor", "attention_sink", "shared_payload", "head_stagger", "grid_jitter",
+                      "phase_bands")  # attributes full attention does not have
 FAMILIES = ("nsa", "moba", "beacon")  # the grid family's designs: the one list (attention.family keys its classes by it)
 FAMILY_FIELDS = {  # the fields each design uses (all >= 1, except the flag); every other family field stays at its default
     "nsa": ("block", "block_stride", "select_block", "top_k", "sliding_window", "forced_blocks"),
@@ -150,6 +151,8 @@ class ModelConfig:
     head_stagger: bool = False  # staggered heads: KV head h's windows start (h S) // n_kv tokens earlier than the
     #                             layer's grid (entries still become visible on the layer's schedule)
     grid_jitter: bool = False  # training only: every sequence's windows start a random 0..S-1 tokens earlier
+    phase_bands: bool = False  # KV head h's key gate reads only the offsets i whose phase (i mod S) is in its band,
+    #                            (i mod S) n_kv // S = h: the heads' key phases are disjoint and cover every phase
     # --- the grid family beyond the study (family = None: full attention or the study's compressors) ---
     family: str | None = None  # None | nsa (Native Sparse Attention) | moba (Mixture of Block Attention) | beacon
     block: int = 0  # NSA: compressed block l; MoBA: block B (tokens per block, from position 0)
@@ -317,6 +320,11 @@ class ModelConfig:
         if self.head_stagger and self.local_window is None:
             bad("head_stagger", "a staggered head's entry is visible up to S - 1 tokens after its window ends: "
                 "it needs a local window to cover them")
+        if self.phase_bands and not 2 <= self.n_kv_heads <= self.stride:
+            bad("phase_bands", f"phase bands split the S={self.stride} phases among the KV heads: they need 2..S KV "
+                f"heads, got {self.n_kv_heads}")
+        if self.phase_bands and (self.gate == "uniform" or self.compressor != "paper"):
+            bad("phase_bands", "phase bands mask the paper compressor's learned gates (not uniform averaging or V4)")
         if self.grid_jitter and self.local_window is None:
             bad("grid_jitter", "a jittered window's entry is visible up to S - 1 tokens after it ends: "
                 "it needs a local window to cover them")
