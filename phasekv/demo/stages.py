@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import warnings
 from pathlib import Path
 
 import torch
 
+from phasekv.config import ModelConfig
 from phasekv.demo.plan import DemoPlan
+from phasekv.errors import CheckpointError
 from phasekv.eval.models import load
 from phasekv.eval.prompts import RetrievalPrompts
 from phasekv.eval.protocols import LOOKUP, PROTOCOLS
@@ -40,7 +43,10 @@ def train_config(p: DemoPlan, arch: str, run_dir: str):
     """The `TrainConfig` the plan trains `arch` with (its recipe is what a seed record is matched by)."""
     from phasekv.train import TrainConfig
 
-    return TrainConfig(arch=arch, preset=p.preset, **p.training_of(arch), seq_len=p.seq_len, warmup=p.warmup,
+    own = p.training_of(arch)
+    if "init_from" in own:  # a model of the plan: its run directory beside this one
+        own["init_from"] = str(Path(run_dir).parent / ModelConfig.from_name(own["init_from"], preset=p.preset).alias)
+    return TrainConfig(arch=arch, preset=p.preset, **own, seq_len=p.seq_len, warmup=p.warmup,
                        grad_accum=p.micro_batches, trim=p.micro_batches > 1,
                        ckpt_every=p.ckpt_every, val_every=0, out=run_dir, threads=1, progress=False,
                        data={"data": "recall", "recall": {**p.recall_of(arch), "seq_len": p.seq_len}})
@@ -58,8 +64,22 @@ def train_model(plan: dict, arch: str, run_dir: str) -> dict:
     if not resume and Path(run_dir).exists():
         shutil.rmtree(run_dir)
     cfg = train_config(p, arch, run_dir)
+    if cfg.init_from and not resume:
+        _wait_for(Path(cfg.init_from))
     start = read_trainer_state(last)["step"] if resume else 0
     return {**train(cfg, resume=resume), "resumed_from": start}
+
+
+def _wait_for(run: Path, poll_s: float = 5.0, stalled_s: float = 600.0) -> None:
+    """Wait until the training this one continues (an earlier model of the plan, listed first, so already started
+    by a worker) has finished; a one-line error when it has not advanced for `stalled_s` seconds."""
+    since = time.time()
+    while not (run / "done.json").is_file():
+        log = run / "metrics.jsonl"
+        if time.time() - max(since, log.stat().st_mtime if log.is_file() else 0.0) > stalled_s:
+            raise CheckpointError(f"{run}: the training this model continues has not finished (no done.json) and "
+                                  f"has not advanced for {stalled_s:.0f} s")
+        time.sleep(poll_s)
 
 
 def retrieval(plan: dict, run_dir: str, out: str, protocol: str, padding: str) -> dict:

@@ -1,10 +1,17 @@
 """What a run starts from, apart from the loop: its tokenizer and model (fresh under the run seed, the weights
 of `--init-from`, or the checkpoint's architecture on resume; a transformers model with `--hf-config` /
 `--hf-model`, see `phasekv.train.hfmodel`) and its optimizer (AdamW; weight decay on matrices only).
+
+`--init-from` with an `--arch` of another design is a design change (`change_design`, the one rule): full
+attention's weights continue as NSA, MoBA or Activation Beacon on the same backbone, as those papers continue a
+pretrained full-attention LM. Every tensor the two share is loaded; the design's own parameters start as the
+design says (Beacon's beacon q/k/v as copies of the layer's q/k/v, NSA's own modules and the beacon embedding
+fresh at the run seed); the run's config.json records it under "init".
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +21,7 @@ from torch import nn
 
 from phasekv.attention.compressor import GATE_BIAS_NAMES
 from phasekv.config import ModelConfig
+from phasekv.config.names import parse_name
 from phasekv.data.sources import data_tokenizer
 from phasekv.data.tokenizer import load_tokenizer
 from phasekv.errors import ConfigError
@@ -36,6 +44,7 @@ class RunModel:
     seed: int  # init and data order
     config: dict  # the model config (the run's config.json "model")
     hf: bool  # a transformers model (forward takes use_cache, checkpoints are save_pretrained dirs)
+    init: dict | None = None  # what --init-from started it from, when that was a design change (config.json "init")
 
     @property
     def coverage_reg(self) -> float:
@@ -46,9 +55,9 @@ class RunModel:
         return hf_writer(self.module, tok, state) if self.hf else ck.phaselm_writer(state, self.module.config.to_json())
 
 
-def phaselm_run(model: PhaseLM, cfg: TrainConfig) -> RunModel:
+def phaselm_run(model: PhaseLM, cfg: TrainConfig, init: dict | None = None) -> RunModel:
     seed = model.config.seed if cfg.seed is None else cfg.seed
-    return RunModel(model, model.config.name, seed, model.config.to_dict(), False)
+    return RunModel(model, model.config.name, seed, model.config.to_dict(), False, init)
 
 
 def hf_run(cfg: TrainConfig, vocab_size: int, resume_from: Path | None = None) -> RunModel:
@@ -60,13 +69,13 @@ def hf_run(cfg: TrainConfig, vocab_size: int, resume_from: Path | None = None) -
     return RunModel(model, hf_name(model, source), seed, model.config.to_dict(), True)
 
 
-def build_model(cfg: TrainConfig, vocab_size: int) -> tuple[PhaseLM, Tokenizer | None]:
-    """A fresh model of `arch` at `preset` (init under the run seed), or the weights of `init_from`."""
+def build_model(cfg: TrainConfig, vocab_size: int) -> tuple[PhaseLM, Tokenizer | None, dict | None]:
+    """A fresh model of `arch` at `preset` (init under the run seed), or the weights of `init_from` (with a design
+    change when `arch` names another design: `change_design`); and the design change's record, if any."""
     if cfg.init_from:
         model, tok = load_run(cfg.init_from, hf_tokenizer=False)
-        if cfg.arch and ModelConfig.from_name(cfg.arch, preset=model.config.preset).name != model.config.name:
-            raise ConfigError(f"--arch {cfg.arch!r} differs from --init-from's model {model.config.name!r}")
-        return model, tok
+        changed, init = change_design(model, cfg.arch, cfg.seed)
+        return changed, tok, None if init is None else {"from": str(cfg.init_from), **init}
     mcfg = ModelConfig.from_name(cfg.arch or "W8/S8 · 1 KV", preset=cfg.preset, vocab_size=vocab_size, **cfg.backbone)
     if cfg.seed is not None and cfg.seed != mcfg.seed:
         if "seed" in (cfg.arch or "").lower():
@@ -74,7 +83,36 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> tuple[PhaseLM, Tokenizer |
         mcfg = mcfg.replace(seed=cfg.seed)
     mcfg = mcfg.replace(max_seq_len=max(mcfg.max_seq_len, cfg.seq_len))
     torch.manual_seed(mcfg.seed)
-    return PhaseLM(mcfg), None
+    return PhaseLM(mcfg), None, None
+
+
+def change_design(source: PhaseLM, arch: str, seed: int | None = None) -> tuple[PhaseLM, dict | None]:
+    """`source` as `arch`: itself when `arch` names its model; full attention as a family design on the same
+    backbone (KV heads, Q/K norm and RoPE: the source's, or the name's when equal), every shared tensor loaded and the
+    design's own parameters initialised as the design says under `seed` (default: the name's, else the source's),
+    with a record of the change; anything else a one-line error naming both models."""
+    src = source.config
+    target = src.full_attention().replace(**parse_name(arch))  # the backbone's attributes the name omits: the source's
+    if target == src:
+        return source, None
+    target = target if seed is None else target.replace(seed=seed)
+    if src.compressed or src.family is not None or target.family is None:
+        raise ConfigError(f"--arch {target.name!r} differs from --init-from's {src.name!r}, and a design change goes "
+                          "from full attention to NSA, MoBA or Beacon only")
+    bare = target.full_attention()
+    differs = next((f.name for f in dataclasses.fields(src) if f.name != "seed" and
+                    getattr(bare, f.name) != getattr(src, f.name)), None)
+    if differs is not None:
+        raise ConfigError(f"--arch {target.name!r} differs from --init-from's {src.name!r} in the backbone: "
+                          f"{differs}={getattr(target, differs)!r} against {getattr(src, differs)!r}")
+    torch.manual_seed(target.seed)
+    model = PhaseLM(target)
+    own, _ = model.load_state_dict(source.state_dict(), strict=False)  # a design has every tensor of full attention
+    for m in model.modules():
+        if hasattr(m, "init_copies"):  # Activation Beacon: beacon q/k/v := the layer's q/k/v, loaded just now
+            m.init_copies()
+    return model, {"from_name": src.name, "design_change": f"{src.name} -> {target.name}",
+                   "loaded": len(source.state_dict()), "own": sorted(own)}
 
 
 def model_and_tokenizer(cfg: TrainConfig, resuming: bool) -> tuple[RunModel, Tokenizer]:
@@ -87,11 +125,11 @@ def model_and_tokenizer(cfg: TrainConfig, resuming: bool) -> tuple[RunModel, Tok
     tok = data_tokenizer(cfg.data) if not cfg.init_from or cfg.data.tokenizer else None
     if hf:
         return hf_run(cfg, tok.get_vocab_size()), tok
-    model, init_tok = build_model(cfg, tok.get_vocab_size() if tok else 0)
+    model, init_tok, init = build_model(cfg, tok.get_vocab_size() if tok else 0)
     tok = tok or init_tok
     if tok.get_vocab_size() > model.config.vocab_size:
         raise ConfigError(f"tokenizer has {tok.get_vocab_size()} tokens, the model only {model.config.vocab_size}")
-    return phaselm_run(model, cfg), tok
+    return phaselm_run(model, cfg, init), tok
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

@@ -142,7 +142,8 @@ class Trainer:
         save_tokenizer(tok, self.out / "tokenizer.json")
         write_json(self.out / "config.json", {"train": self.cfg.to_dict(), "model": run.config, "name": run.name,
                                               "tokenizer": describe(tok), "versions": versions("tokenizers"),
-                                              "seed": self.seed}, default=str)
+                                              "seed": self.seed, **({"init": run.init} if run.init else {})},
+                   default=str)
         (self.out / "done.json").unlink(missing_ok=True)
 
     def train_step(self) -> dict:

@@ -1,19 +1,29 @@
 """`phasekv study --family`: the plan (the demo's recipe for the designs and the baselines) and its task graph."""
 
 from phasekv.config import ModelConfig
-from phasekv.demo.plan import FAMILY, family_plan, plan_for
+from phasekv.demo.plan import FAMILY, FAMILY_WARM, WARM_STEPS, family_plan, plan_for
 from phasekv.demo.runner import build_tasks
+from phasekv.demo.stages import train_config
 
 
 def test_family_plan_keeps_the_demos_recipe():
     plan, demo = family_plan(quick=False), plan_for(quick=False)
     assert plan.kind == "family" and plan.preset == "tiny" and not plan.repairs()
     assert [ModelConfig.from_name(m).family for m in plan.models] == [None, None, "nsa", "moba", "beacon"]
-    for m in plan.models:  # the baselines as in the demo, the designs as its full attention (1,000 steps)
-        assert plan.training_of(m) == demo.training_of(m if m in demo.models else "Full attention · 1 KV")
+    for m in plan.models:  # the baselines as in the demo, NSA as its full attention (1,000 steps), MoBA and Beacon
+        own = demo.training_of(m if m in demo.models else "Full attention · 1 KV")  # continue that full attention
+        warm = {"steps": WARM_STEPS, "init_from": "Full attention · 1 KV"} if m in FAMILY_WARM else {}
+        assert plan.training_of(m) == own | warm
         assert plan.recall_of(m) == demo.recall_of("W8/S4 · 1 KV")
     assert plan.training_of("Full attention · 1 KV")["steps"] == 1000 and plan.steps_of("W8/S4 · 1 KV") == 600
     assert family_plan(quick=True).steps_of(FAMILY[0]) == plan_for(quick=True).steps
+    assert set(FAMILY_WARM) == set(FAMILY[1:]) and "continued from Full attention · 1 KV, 600 steps" in plan.steps_text()
+
+
+def test_a_warm_design_trains_from_the_plans_full_attention_run(tmp_path):
+    cfg = train_config(family_plan(quick=True), FAMILY[1], str(tmp_path / "runs" / "moba-b16k3-1kv"))
+    assert cfg.init_from == str(tmp_path / "runs" / "full-1kv") and cfg.arch == FAMILY[1]
+    assert train_config(family_plan(quick=True), FAMILY[0], str(tmp_path / "runs" / "nsa")).init_from is None
 
 
 def test_family_task_graph(tmp_path):

@@ -1,0 +1,84 @@
+"""`--init-from` across designs: full attention's weights continued as NSA, MoBA or Activation Beacon
+(`phasekv.train.build.change_design`, the one rule)."""
+
+import json
+
+import pytest
+import torch
+
+from phasekv import ModelConfig, PhaseLM
+from phasekv.errors import ConfigError
+from phasekv.train import train
+from phasekv.train.build import change_design
+
+from .helpers import FAST
+
+
+@pytest.fixture(scope="module")
+def full():
+    torch.manual_seed(0)
+    return PhaseLM(ModelConfig.from_name("Full attention · 1 KV", preset="tiny")).eval()
+
+
+def test_moba_from_full_attention_has_its_weights_and_with_every_block_its_logits(full):
+    moba, record = change_design(full, "MoBA B16 top 4 · 1 KV")  # 64 tokens: 4 blocks of 16, all selected
+    moba.eval()
+    ref = full.state_dict()
+    assert moba.state_dict().keys() == ref.keys() and record["own"] == []
+    assert all(torch.equal(w, ref[k]) for k, w in moba.state_dict().items())
+    ids = torch.randint(0, 500, (2, 64))
+    with torch.no_grad():
+        assert torch.allclose(moba(ids), full(ids), atol=1e-5)
+    assert record["design_change"] == "Full attention · 1 KV -> MoBA B16 top 4 · 1 KV"
+
+
+def test_beacon_projections_start_as_the_layers_and_nsa_modules_fresh_at_the_seed(full):
+    beacon, record = change_design(full, "Beacon r8 · window 32 · 1 KV")
+    for mine, layer in zip(beacon.layers, full.layers, strict=True):
+        for b, raw in (("beacon_q", "q_proj"), ("beacon_k", "k_proj"), ("beacon_v", "v_proj")):
+            assert torch.equal(getattr(mine.attn, b).weight, getattr(layer.attn, raw).weight)
+    assert "beacon_embed.weight" in record["own"] and "layers.0.attn.beacon_q.weight" in record["own"]
+    nsa_a, rec = change_design(full, "NSA l8/d4 · select 8 top 2 · window 16 · 1 KV")
+    nsa_b, _ = change_design(full, "NSA l8/d4 · select 8 top 2 · window 16 · 1 KV")
+    nsa_c, _ = change_design(full, "NSA l8/d4 · select 8 top 2 · window 16 · 1 KV", seed=7)
+    gate = "layers.0.attn.gate.weight"
+    assert gate in rec["own"] and not any(k in rec["own"] for k in full.state_dict())
+    assert torch.equal(nsa_a.state_dict()[gate], nsa_b.state_dict()[gate])  # the run seed decides
+    assert not torch.equal(nsa_a.state_dict()[gate], nsa_c.state_dict()[gate]) and nsa_c.config.seed == 7
+
+
+@pytest.mark.parametrize("arch, says", [
+    ("MoBA B16 top 3 · 2 KV", "in the backbone: n_kv_heads=2 against 1"),
+    ("MoBA B16 top 3 · 1 KV · no Q/K norm", "in the backbone: qk_norm=False against True"),
+    ("W8/S4 · 1 KV", "from full attention to NSA, MoBA or Beacon only"),
+])
+def test_unreachable_or_mismatched_designs_are_one_line_errors(full, arch, says):
+    with pytest.raises(ConfigError, match="differs from --init-from's 'Full attention · 1 KV'") as exc:
+        change_design(full, arch)
+    assert says in str(exc.value) and "\n" not in str(exc.value)
+    moba, _ = change_design(full, "MoBA B16 top 3 · 1 KV")
+    with pytest.raises(ConfigError, match="'MoBA B16 top 3 · 1 KV', and a design change goes"):
+        change_design(moba, "Beacon r8 · window 32 · 1 KV")
+    assert change_design(full, "full-1kv") == (full, None)  # its own name: no change
+
+
+def test_cli_continues_full_attention_as_beacon_and_records_it(tmp_path, monkeypatch, capsys):
+    from phasekv.cli import main
+
+    src = tmp_path / "full"
+    train(out=str(src), **dict(FAST, arch="full-1kv", steps=1, val_every=0, gate_steps="none"))
+
+    def cli(*args: str) -> tuple[int, str]:
+        monkeypatch.setattr("sys.argv", ["phasekv", "train", "--init-from", str(src), "--steps", "1",
+                                         "--batch-size", "4", "--seq-len", "64", "--val-sequences", "8",
+                                         "--gate-steps", "none", "--threads", "1", "--no-progress", *args])
+        with pytest.raises(SystemExit) as exc:
+            main()
+        return exc.value.code, capsys.readouterr().err
+
+    assert cli("--arch", "Beacon r8 · window 32 · 1 KV", "--out", str(tmp_path / "beacon"))[0] in (0, None)
+    saved = json.loads((tmp_path / "beacon" / "config.json").read_text())
+    assert saved["name"] == "Beacon r8 · window 32 · 1 KV" and saved["train"]["init_from"] == str(src)
+    assert saved["init"]["from"] == str(src) and saved["init"]["from_name"] == "Full attention · 1 KV"
+    code, err = cli("--arch", "MoBA B16 top 3 · 2 KV", "--out", str(tmp_path / "bad"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "n_kv_heads=2 against 1" in err
