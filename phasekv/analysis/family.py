@@ -11,8 +11,8 @@ Each design names its grid periods (`grids()` of its attention modules: NSA {"d"
     M_g = g          else only the gap (accuracy depends on t mod g or not); the period test needs M_g > g
     none             when not even M_g = g fits: not determinable with these prompts
 
-(the audit's rule, `phasekv.eval.ratios.plan_ratios`, plus the constraint that the design fits: a 90-token lookup
-has 79 target positions, and an exact design at M needs at least 3M - 2 of them, so M <= 27).
+(the audit's rule, `phasekv.eval.ratios.plan_period`: a 90-token lookup has 79 target positions, and an exact design
+at M needs at least 3M - 2 of them, so M <= 27).
 
 Knockouts, through each design's evaluation hooks on its attention modules (None: the model as trained):
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,10 +42,9 @@ import torch
 from phasekv.analysis.common import as_eval_model, provenance, write_outputs
 from phasekv.analysis.hooks import attention_modules
 from phasekv.analysis.knockout import effect_table, spread_pids
-from phasekv.errors import ConfigError
-from phasekv.eval.design import exact_unit, span
+from phasekv.eval.design import exact_unit
 from phasekv.eval.prompts import PADDINGS, Prompt, PromptConfig, RetrievalPrompts
-from phasekv.eval.ratios import MIN_PER_GROUP, ratio_tests
+from phasekv.eval.ratios import MIN_PER_GROUP, PeriodPlan, plan_period, ratio_tests
 from phasekv.eval.run import COLUMNS, run_retrieval, score
 from phasekv.eval.stats import summarize
 from phasekv.progress import progress_bar
@@ -70,67 +68,15 @@ def model_grids(model) -> dict[str, int]:
 
 
 @dataclass
-class GridPlan:
-    """How one grid period is tested."""
+class GridPlan(PeriodPlan):
+    """How one grid period is tested (`phasekv.eval.ratios.plan_period`, the audit's rule)."""
 
     grid: str  # its name: "d", "l'", "B", "r", "w", "S"
-    period: int
-    modulus: int | None  # M_g (None: not determinable with these prompts)
-    per_group: int | None  # N per group (None: the lookup's own)
-    keep_n: bool  # N kept (sampled from an exact design, spread reported) instead of a multiple of M_g^2
-    test: str | None  # "period" (power at period g, permutation p), "gap" (M_g = g), None
-    note: str  # the rule in words
-
-    def config(self, cfg: PromptConfig) -> PromptConfig:
-        """The lookup prompts of this plan (`cfg` at its modulus and N)."""
-        if self.per_group is None:
-            return cfg
-        return dataclasses.replace(cfg, modulus=self.modulus, per_group=self.per_group, keep_n=self.keep_n)
-
-
-def _fits(modulus: int, per_group: int, positions: int) -> bool:
-    """Whether the exact design for N = per_group (a multiple of M^2; a sampled one: its M^2 cell) fits."""
-    return span(modulus, max(per_group, exact_unit(modulus))) <= positions
-
-
-def _most(modulus: int, total: int, positions: int) -> int:
-    """The most copies q of the exact design (N = q M^2 per group) within `total` prompts that fit (0: none)."""
-    u = exact_unit(modulus)
-    return max((q for q in range(1, total // (modulus * u) + 1) if _fits(modulus, q * u, positions)), default=0)
 
 
 def plan_grid(grid: str, period: int, cfg: PromptConfig) -> GridPlan:
     """The modulus and N that test `period` with the lookup prompts `cfg` (module docstring)."""
-    M, N, room = cfg.modulus, cfg.per_group, cfg.target_positions
-    if period < 1:
-        raise ConfigError(f"grid {grid}={period} must be >= 1")
-    if M % period == 0 and period < M:
-        return GridPlan(grid, period, M, None, cfg.keep_n, "period", f"residues mod {M}, the lookup's own")
-    total = M * N
-    for mg in (k * period for k in range(2, math.ceil(room / period) + 1)):
-        if not _fits(mg, 1, room):
-            break
-        q = _most(mg, total, room)
-        if q:
-            return GridPlan(grid, period, mg, q * exact_unit(mg), False, "period",
-                            f"residues mod {mg}: N = {q * exact_unit(mg)} per group (exact), about the lookup's "
-                            f"{total:,} prompts")
-        n = max(MIN_PER_GROUP, round(total / mg))
-        return GridPlan(grid, period, mg, n, True, "period",
-                        f"residues mod {mg}: N = {n} per group kept (sampled from an exact design)")
-    if period == M:
-        return GridPlan(grid, period, M, None, cfg.keep_n, "gap",
-                        f"residues mod {M}, the lookup's own (gap, no period test): a modulus above {period} needs "
-                        f"{span(2 * period, exact_unit(2 * period))} target positions, these prompts have {room}")
-    if _fits(period, 1, room):
-        q = _most(period, total, room)
-        n, keep = (q * exact_unit(period), False) if q else (max(MIN_PER_GROUP, round(total / period)), True)
-        return GridPlan(grid, period, period, n, keep, "gap",
-                        f"residues mod {period} only (gap, no period test): a modulus above {period} needs "
-                        f"{span(2 * period, exact_unit(2 * period))} target positions, these prompts have {room}")
-    return GridPlan(grid, period, None, None, False, None,
-                    f"not determinable with these prompts: residues mod {period} need {span(period, exact_unit(period))} "
-                    f"target positions, these prompts have {room}")
+    return GridPlan(**dataclasses.asdict(plan_period(f"grid {grid}", period, cfg)), grid=grid)
 
 
 def plan_grids(grids: dict[str, int], cfg: PromptConfig) -> list[GridPlan]:

@@ -8,12 +8,14 @@ CSA and HCA ratios, `phasekv.eval.ratios`), each named with its layer types.
 
 Exit codes (audit.json's "verdict"): 0 pass (the model retrieves, its mean accuracy's 95% interval above
 twice chance, and every gap is below --max-gap), 3 fail (it retrieves and a gap is at or above --max-gap),
-4 inconclusive (it does not retrieve well enough for the gap to mean anything).
+4 inconclusive (it does not retrieve well enough for the gap to mean anything). A ratio whose position design
+cannot fit the prompts' target positions (`phasekv.eval.ratios.plan_period`: a grid period of 32 in the 90-token
+lookup) is not tested: audit.json's "untested" and the printed verdict say so and why, and the verdict rests on
+the ratios that were tested.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -85,24 +87,24 @@ def run_audit(em: EvalModel, out: Path, stride: int | None = None, max_gap: floa
         raise ConfigError(f"--stride {stride} must divide the modulus {cfg.modulus} (pass --modulus)")
     ratios = {stride: ["--stride"]} if stride else model_ratios(em)  # a ratio M misses gets its own modulus
     out, runs = Path(out), []
-    for i, plan in enumerate(plan_ratios(ratios, cfg.modulus, cfg.per_group)):
-        c = cfg if plan.per_group is None else dataclasses.replace(cfg, modulus=plan.modulus,
-                                                                    per_group=plan.per_group, keep_n=True)
+    plans = plan_ratios(ratios, cfg)
+    for i, plan in enumerate(p for p in plans if p.modulus is not None):
         sub = out / (proto.name if i == 0 else f"{proto.name}-mod{plan.modulus}")
         s = min([r for r in plan.ratios if r < plan.modulus], default=None)  # the evaluation's own period test
-        runs.append((plan, run_retrieval(proto.name, em, c, sub, batch_size=batch_size,
+        runs.append((plan, run_retrieval(proto.name, em, plan.config(cfg), sub, batch_size=batch_size,
                                          interval=interval or proto.interval, stride=s, progress=progress), sub))
-    v = audit_verdict(runs, max_gap)
+    v = audit_verdict(runs, max_gap, [p for p in plans if p.modulus is None])
     v.update(model=em.name, task=proto.name, evaluation=str(runs[0][2]))
     to_png(audit_figure(runs[0][1], v), out / "audit.png")
     write_json(out / "audit.json", v, default=json_default)
     return v
 
 
-def audit_verdict(runs: list[tuple[RatioPlan, dict, Path]], max_gap: float) -> dict:
+def audit_verdict(runs: list[tuple[RatioPlan, dict, Path]], max_gap: float, untested: list[RatioPlan] = ()) -> dict:
     """The verdict of an audit's evaluations (plan, summary, directory), the first one the headline: its
-    gap, period and weakest residues (`verdict`), every ratio's test, whether the model retrieves (the mean's
-    95% interval above twice chance), and the verdict word and exit code."""
+    gap, period and weakest residues (`verdict`), every ratio's test, the ratios the prompts cannot test
+    (`untested`, with why; the verdict rests on the others), whether the model retrieves (the mean's 95% interval
+    above twice chance), and the verdict word and exit code."""
     (plan, summary, _), gaps = runs[0], [s["gap"] for _, s, _ in runs]
     v = verdict(summary, min(plan.ratios, default=None), max_gap)
     n_values = summary.get("provenance", {}).get("word_pools", {}).get("values")
@@ -110,8 +112,10 @@ def audit_verdict(runs: list[tuple[RatioPlan, dict, Path]], max_gap: float) -> d
     v["retrieves"] = v["chance"] is not None and v["mean_ci"][0] > 2 * v["chance"]
     v["near_chance"] = not v["retrieves"]
     v["ratios"] = [{**t, "evaluation": str(d), "gap": s["gap"], "gap_ci": s["gap_ci"], "per_group": p.per_group,
-                    "n_rule": p.n_rule, "design_notice": s.get("design_notice")}
+                    "n_rule": p.note, "design_notice": s.get("design_notice")}
                    for p, s, d in runs for t in ratio_tests(s, p.ratios)]
+    v["untested"] = [{"ratio": r, "layer_types": types, "note": p.note}
+                     for p in untested for r, types in p.ratios.items()]
     code = INCONCLUSIVE if not v["retrieves"] else PASS if max(gaps) < max_gap else FAIL
     v.update({"pass": code == PASS, "largest_gap": max(gaps), "protocol": summary["protocol"],
               "prompt_length": summary["prompt_length"], "n_prompts": sum(s["n_prompts"] for _, s, _ in runs),
@@ -161,6 +165,9 @@ def print_verdict(v: dict, console) -> None:
         console.print(f"ratio {t['ratio']} ({', '.join(t['layer_types'])}): residues mod {t['modulus']}, gap "
                       f"{t['gap']:.1f}; folded mod {t['ratio']}: weakest phase {t['weakest_phase']}, phase gap "
                       f"{t['phase_gap']:.1f}{p}")
+    for t in v.get("untested", []):
+        console.print(f"[yellow]ratio {t['ratio']} ({', '.join(t['layer_types'])}): not tested:[/] {t['note']} "
+                      "(more target positions: raise --records or --filler)")
     if v["near_chance"]:
         chance = "unknown" if v["chance"] is None else f"{v['chance']:.1f}% (one of the value words at random)"
         console.print(f"[yellow]inconclusive:[/] mean accuracy is near chance ({chance}): the model does not "

@@ -31,7 +31,7 @@ def _audit(run, out, *extra):
     return CliRunner().invoke(app, args)
 
 
-@pytest.mark.parametrize("hca,moduli", [(8, [8]), (16, [8, 32])])
+@pytest.mark.parametrize("hca,moduli", [(8, [8, 16]), (16, [8, 32])])  # r = M: its period tested at 2M
 def test_every_ratio_is_tested_and_a_chance_model_is_inconclusive(tmp_path, hca, moduli):
     run = _run(tmp_path, csa=4, hca=hca)
     assert model_ratios(load(run)) == {4: [CSA], hca: [HCA]}
