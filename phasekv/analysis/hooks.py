@@ -12,7 +12,9 @@ Three sites per layer:
 
 Interventions act at absolute positions: the final `n_final` tokens of prompts of `length` tokens, read
 from the positions the model passes to its attention (PhaseLM's `pos`, Hugging Face's `position_ids`),
-so they work for a single forward as well as for chunked prefill through a cache.
+so they work for a single forward as well as for chunked prefill through a cache. An Activation Beacon layer runs
+over stream slots (raw tokens with beacons interleaved) while its `z_hook` sees the raw tokens alone: its rows are
+mapped to raw token positions by the design's own slot layout (`token_rows`), beacon slots are no token.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from torch import nn
 
 from phasekv.attention.attention import Attention
+from phasekv.attention.beacon import BeaconAttention, is_beacon, rope_position
 from phasekv.errors import ConfigError
 from phasekv.model.hf import v4_sites
 from phasekv.model.transformer import PhaseLM
@@ -65,16 +68,35 @@ def final_rows(pos: torch.Tensor, length: int, n_final: int) -> tuple[torch.Tens
     return idx, k[idx]
 
 
-def _positions(module: nn.Module, args: tuple, kwargs: dict, T: int, device) -> torch.Tensor:
-    """Absolute positions (T,) of a call to an attention module."""
+def token_rows(module: nn.Module, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of a PhaseLM attention call's output that are prompt tokens, (n,), and their absolute positions,
+    (n,), from the positions `pos` (T,) it was given: every row, at `pos`; on an Activation Beacon layer, whose rows
+    are stream slots (`phasekv.attention.beacon`), its raw slots at their raw tokens' positions (a raw slot's RoPE
+    position is its token's), in order: the rows its `z_hook` sees."""
+    if not isinstance(module, BeaconAttention):
+        return torch.arange(len(pos), device=pos.device), pos
+    r = module.cfg.beacon_ratio
+    rows = torch.nonzero(~is_beacon(pos, r)).flatten()  # (n,)
+    return rows, rope_position(pos[rows], r)
+
+
+def _final(rows: torch.Tensor, pos: torch.Tensor, length: int, n_final: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`final_rows` of the token rows `rows` at positions `pos` (`token_rows`): output rows and their k."""
+    idx, k = final_rows(pos, length, n_final)
+    return rows[idx], k
+
+
+def _positions(module: nn.Module, args: tuple, kwargs: dict, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token rows of a call to an attention module (T output rows) and their absolute positions (`token_rows`)."""
     if is_phaselm_attention(module):
-        return args[1]
+        return token_rows(module, args[1])
+    rows = torch.arange(T, device=device)
     pid = kwargs.get("position_ids")
     if pid is None:
         pid = kwargs.get("cache_position")
     if pid is None:  # no positions passed (e.g. GPT-2 attention): a single forward from position 0
-        return torch.arange(T, device=device)
-    return pid.reshape(-1, pid.shape[-1])[0]  # same positions in every row (prompts of equal length)
+        return rows, rows
+    return rows, pid.reshape(-1, pid.shape[-1])[0]  # same positions in every row (prompts of equal length)
 
 
 def is_phaselm_attention(module: nn.Module) -> bool:
@@ -101,10 +123,10 @@ def capture_final(model: nn.Module, length: int, n_final: int = 1, heads: bool =
     acc = {"out": [None] * len(mods), "z": [None] * len(mods), "n": 0, "length": length, "n_final": n_final,
            "heads": heads and is_phaselm(model)}
     handles: list = []
-    pos_of: dict[int, torch.Tensor] = {}
+    z_pos: dict[int, torch.Tensor] = {}  # layer -> positions of the rows its z_hook sees
 
-    def add(key: str, layer: int, x: torch.Tensor, pos: torch.Tensor) -> None:
-        idx, k = final_rows(pos, length, n_final)
+    def add(key: str, layer: int, x: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor) -> None:
+        idx, k = _final(rows, pos, length, n_final)
         if idx.numel() == 0:
             return
         s = torch.zeros(n_final, *x.shape[2:], dtype=torch.float64, device=x.device)
@@ -117,17 +139,15 @@ def capture_final(model: nn.Module, length: int, n_final: int = 1, heads: bool =
 
         def out_hook(m, args, kwargs, output, i=i):
             y = output[0] if isinstance(output, tuple) else output  # (B, T, d)
-            pos = _positions(m, args, kwargs, y.shape[1], y.device)
-            pos_of[i] = pos
-            add("out", i, y.detach(), pos)
+            add("out", i, y.detach(), *_positions(m, args, kwargs, y.shape[1], y.device))
 
         if acc["heads"]:
 
             def pre(m, args, i=i):
-                pos_of[i] = args[1]
+                z_pos[i] = token_rows(m, args[1])[1]
 
             def z_hook(m, args, output, i=i):
-                add("z", i, output.detach(), pos_of[i])
+                add("z", i, output.detach(), torch.arange(len(z_pos[i]), device=output.device), z_pos[i])
 
             handles.append(mod.register_forward_pre_hook(pre))
             handles.append(mod.z_hook.register_forward_hook(z_hook))
@@ -162,10 +182,10 @@ def head_knockout(model: nn.Module, layer: int, kv_head: int, means_: FinalMeans
         raise ConfigError(f"layer={layer} outside 0..{cfg.n_layers - 1}")
     heads = torch.tensor(query_heads(cfg.n_heads, cfg.n_kv_heads, kv_head))
     attn = model.layers[layer].attn
-    pos_box: list[torch.Tensor] = []
+    pos_box: list[torch.Tensor] = []  # positions of the rows the z_hook sees
 
     def pre(m, args):
-        pos_box[:] = [args[1]]
+        pos_box[:] = [token_rows(m, args[1])[1]]
 
     def hook(m, args, z):
         idx, k = final_rows(pos_box[0], means_.length, means_.n_final)
@@ -194,7 +214,7 @@ def layer_knockout(model: nn.Module, layer: int, means_: FinalMeans) -> Iterator
 
     def hook(m, args, kwargs, output):
         y = output[0] if isinstance(output, tuple) else output  # (B, T, d)
-        idx, k = final_rows(_positions(m, args, kwargs, y.shape[1], y.device), means_.length, means_.n_final)
+        idx, k = _final(*_positions(m, args, kwargs, y.shape[1], y.device), means_.length, means_.n_final)
         if idx.numel() == 0:
             return output
         y = y.clone()
