@@ -58,6 +58,6 @@ def register(app: typer.Typer) -> None:
         from phasekv.demo.runner import run_family, run_study
 
         if family:
-            run_family(out or Path("family_out"), quick=quick, jobs=jobs, progress=progress)
+            run_family(out or Path("family_out"), quick=quick, jobs=jobs, progress=progress, rerun=rerun or [])
             return
         run_study(out or Path("study_out"), quick=quick, preset=preset, jobs=jobs, progress=progress, rerun=rerun or [])

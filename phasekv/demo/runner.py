@@ -424,10 +424,11 @@ def run_study(out: str | os.PathLike = "study_out", quick: bool = False, preset:
 
 
 def run_family(out: str | os.PathLike = "family_out", quick: bool = False, jobs: int | None = None,
-               progress: bool = True, report: bool = True) -> dict:
+               progress: bool = True, report: bool = True, rerun: list[str] = ()) -> dict:
     """Run (or resume) the grid family (`family_plan`: NSA, MoBA, Activation Beacon beside full attention and
-    W8/S4 · 1 KV at the demo's scale and recipe) into `out`, then its report (a section "The family")."""
-    return run_plan(out, family_plan(quick), jobs, progress, report)
+    W8/S4 · 1 KV at the demo's scale and recipe) into `out`, then its report (a section "The family"); `rerun` as
+    in `run_plan`."""
+    return run_plan(out, family_plan(quick), jobs, progress, report, rerun)
 
 
 def run_plan(out: str | os.PathLike, plan: DemoPlan, jobs: int | None = None, progress: bool = True,

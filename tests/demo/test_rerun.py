@@ -1,4 +1,4 @@
-"""`phasekv demo --rerun MODEL` and `phasekv study --rerun MODEL`: that model's training and everything computed from
+"""`phasekv demo --rerun MODEL`, `phasekv study --rerun MODEL` and `phasekv study --family --rerun MODEL`: that model's training and everything computed from
 it run again, every other result stays byte for byte, the manifest records it."""
 
 import dataclasses
@@ -69,11 +69,12 @@ def _report(root: Path, invocation: int) -> Path:
 @pytest.mark.parametrize("command,reruns,aggregates", [
     ("demo", ["W8/S4 · 1 KV", "w6s6-1kv"], ["compare", "example prompts", "repair goals"]),
     ("study", ["w8s8-8kv"], ["compare", "example prompts"]),
+    ("study --family", ["MoBA B16 top 3 · 1 KV"], ["compare", "example prompts"]),
 ])
 def test_rerun_discards_one_model_and_what_is_computed_from_it(tmp_path, fake, command, reruns, aggregates):
     app = typer.Typer()
     demo_cli.register(app)
-    args = [command, "--quick", "--out", str(tmp_path), "--no-progress"]
+    args = [*command.split(), "--quick", "--out", str(tmp_path), "--no-progress"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     before, first = _files(tmp_path), fake.ran[0]
