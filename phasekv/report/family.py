@@ -195,7 +195,7 @@ def design_sentence(name: str, s: dict) -> str:
     elif any(p["test"] == "period" for p in s["plans"]):
         head = "no periodic weak spot at any tested grid"
     else:
-        head = "its grid periods cannot be tested for periodicity with these prompts (a gap test at most)"
+        head = "no period test is possible at its grid with these prompts, only a gap test"
     untested = [f"{p['grid']} = {p['period']}" for p in s["plans"] if p["test"] is None]
     tail = f"; {', '.join(untested)} not determinable at this prompt length" if untested else ""
     details = "; ".join(f"{padding}: {f[0]}" for padding, f in found.items())

@@ -40,7 +40,7 @@ def test_at_chance_gap_only_and_nsa_masking():
     gap_only = _summary("MoBA", moba, {p: _lookup((80, 82), [_grid("B", 16, "gap", None)])
                                        for p in ("prefix", "in-sequence")})
     text = design_sentence("MoBA", gap_only)
-    assert "cannot be tested for periodicity" in text and "accuracy depends on t mod 16 (gap 20.0 [15.0, 25.0])" in text
+    assert "no period test is possible at its grid" in text and "accuracy depends on t mod 16 (gap 20.0 [15.0, 25.0])" in text
     nsa = _summary("NSA", [{"grid": "d", "period": 4, "test": "period"}],
                    {p: _lookup((40, 42), [_grid("d", 4, "period", True)]) for p in ("prefix", "in-sequence")},
                    {"masks": False, "compressed_weak_at": ["d"], "learned_weak_at": ["d"], "compressed_retrieves": True})
