@@ -1,9 +1,12 @@
 """`phasekv study --family`: the plan (the demo's recipe for the designs and the baselines) and its task graph."""
 
+import pytest
+
 from phasekv.config import ModelConfig
 from phasekv.demo.plan import FAMILY, FAMILY_WARM, WARM_STEPS, family_plan, plan_for
 from phasekv.demo.runner import build_tasks
-from phasekv.demo.stages import train_config
+from phasekv.demo.stages import _wait_for, train_config
+from phasekv.errors import CheckpointError
 
 
 def test_family_plan_keeps_the_demos_recipe():
@@ -37,3 +40,10 @@ def test_family_task_graph(tmp_path):
     assert tasks[f"family {w8s4}"].kwargs["grids"] == {"S": 4, "d": 4, "l'": 8, "B": 16, "r": 8, "w": 32}
     assert tasks["family full-1kv"].kwargs["grids"] == {"d": 4, "l'": 8, "B": 16, "r": 8, "w": 32}
     assert not any(name.startswith("family") for name in (t.name for t in build_tasks(tmp_path / "d", plan_for(True))))
+
+
+def test_a_warm_design_waits_for_its_source_and_stops_when_it_stalls(tmp_path):
+    (tmp_path / "done.json").write_text("{}")
+    _wait_for(tmp_path, poll_s=0.01)  # finished: returns at once
+    with pytest.raises(CheckpointError, match="has not advanced for 0 s"):
+        _wait_for(tmp_path / "absent", poll_s=0.01, stalled_s=0.0)
