@@ -12,6 +12,7 @@ fresh at the run seed); the run's config.json records it under "init".
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,12 +117,15 @@ def change_design(source: PhaseLM, arch: str, seed: int | None = None) -> tuple[
 
 
 def model_and_tokenizer(cfg: TrainConfig, resuming: bool) -> tuple[RunModel, Tokenizer]:
-    """The run's model and tokenizer; on resume, the run's tokenizer and its latest checkpoint's architecture
-    (the weights are loaded by `resume.restore`)."""
+    """The run's model and tokenizer; on resume, the run's tokenizer, its latest checkpoint's architecture (the
+    weights are loaded by `resume.restore`) and the design change it started with, if any."""
     out, hf = Path(cfg.out), cfg.hf_config is not None or cfg.hf_model is not None
     if resuming:
         tok, latest = load_tokenizer(out / "tokenizer.json"), ck.latest_checkpoint(out)
-        return (hf_run(cfg, 0, latest) if hf else phaselm_run(PhaseLM(read_config(latest)), cfg)), tok
+        if hf:
+            return hf_run(cfg, 0, latest), tok
+        init = json.loads((out / "config.json").read_text()).get("init")
+        return phaselm_run(PhaseLM(read_config(latest)), cfg, init), tok
     tok = data_tokenizer(cfg.data) if not cfg.init_from or cfg.data.tokenizer else None
     if hf:
         return hf_run(cfg, tok.get_vocab_size()), tok

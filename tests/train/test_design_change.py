@@ -80,5 +80,7 @@ def test_cli_continues_full_attention_as_beacon_and_records_it(tmp_path, monkeyp
     saved = json.loads((tmp_path / "beacon" / "config.json").read_text())
     assert saved["name"] == "Beacon r8 · window 32 · 1 KV" and saved["train"]["init_from"] == str(src)
     assert saved["init"]["from"] == str(src) and saved["init"]["from_name"] == "Full attention · 1 KV"
+    train(out=str(tmp_path / "beacon"), resume=True, steps=2, progress=False)  # a resumed run keeps the record
+    assert json.loads((tmp_path / "beacon" / "config.json").read_text())["init"] == saved["init"]
     code, err = cli("--arch", "MoBA B16 top 3 · 2 KV", "--out", str(tmp_path / "bad"))
     assert code == 2 and len(err.strip().splitlines()) == 1 and "n_kv_heads=2 against 1" in err
