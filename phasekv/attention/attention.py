@@ -56,7 +56,7 @@ class Attention(nn.Module):
         self.z_hook = nn.Identity()  # per-head outputs z (B, T, H, D) before o_proj: the knockout site
         self._rope = layer_rope(cfg)  # (x (B, n, T, D), pos (T,)) -> x rotated
         self.grid = layer_grid(cfg, layer) if cfg.compressed else None
-        self.compressor = make_compressor(cfg, self.grid, self._rope) if cfg.compressed else None
+        self.compressor = make_compressor(cfg, self.grid, self._rope, layer) if cfg.compressed else None
         self.sinks = nn.Parameter(torch.zeros(H)) if cfg.attention_sink else None  # per query head
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:

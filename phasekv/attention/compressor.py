@@ -164,11 +164,11 @@ class CompressorBranch(nn.Module, ABC):
 
 
 class OffsetBranch(CompressorBranch):
-    """The paper's branch: its own payload C_i, gate Z_i and bias b_i for every offset i; `banded` (phase bands):
-    KV head h's gate logits are OUT_OF_BAND at the offsets outside its band (`phase_band`), a fixed mask folded into
-    the bias, so the head never reads those phases."""
+    """The paper's branch: its own payload C_i, gate Z_i and bias b_i for every offset i; `band` (W, n_kv) bool
+    (phase bands, `key_band`): KV head h's gate logits are OUT_OF_BAND at the offsets outside its band, a fixed mask
+    folded into the bias, so the head never reads those phases."""
 
-    def __init__(self, cfg: ModelConfig, banded: bool = False):
+    def __init__(self, cfg: ModelConfig, band: torch.Tensor | None = None):
         super().__init__()
         W, n_kv, d_head, d = cfg.window, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
         std = d**-0.5
@@ -179,7 +179,6 @@ class OffsetBranch(CompressorBranch):
         self.gate_bias = nn.Parameter(torch.zeros(W, n_kv, G)) if cfg.gate != "uniform" and cfg.gate_bias else None
         self.post_norm = RMSNorm(d_head, cfg.norm_eps) if cfg.post_norm else None
         self.window = W
-        band = phase_band(W, cfg.stride, n_kv) if banded else None  # (W, n_kv) bool
         self.register_buffer("band", None if band is None else torch.where(band, 0.0, OUT_OF_BAND)[..., None],
                              persistent=False)  # (W, n_kv, 1) logit mask; rebuilt from the config, not saved
 
@@ -351,9 +350,9 @@ class Compressor(nn.Module, ABC):
 class PaperCompressor(Compressor):
     """Key branch and (unless K/V are tied) value branch, each with per-offset parameters."""
 
-    def __init__(self, cfg: ModelConfig, grid: Grid, rope: Rope):
+    def __init__(self, cfg: ModelConfig, grid: Grid, rope: Rope, layer: int = 0):
         super().__init__(grid, rope, head_delays(cfg))
-        self.key = OffsetBranch(cfg, banded=cfg.phase_bands)  # phase bands restrict the key gates: what a query finds
+        self.key = OffsetBranch(cfg, key_band(cfg, layer))  # phase bands restrict the key gates: what a query finds
         self.value = None if cfg.tied_kv else OffsetBranch(cfg)
 
     def branches(self) -> list[CompressorBranch]:
@@ -441,11 +440,19 @@ def pool(branches: list[CompressorBranch], windows: torch.Tensor, present: torch
 COMPRESSORS: dict[str, type[Compressor]] = dict(zip(COMPRESSOR_NAMES, (PaperCompressor, V4Compressor), strict=True))
 
 
-def phase_band(window: int, stride: int, n_kv: int) -> torch.Tensor:
-    """(W, n_kv) bool: offset i is in KV head h's band when (i mod S) n_kv // S = h (phase bands: each head owns
-    a run of about S / n_kv phases, every phase owned by exactly one head)."""
-    owner = (torch.arange(window) % stride) * n_kv // stride  # (W,)
-    return owner[:, None] == torch.arange(n_kv)[None]
+def phase_band(window: int, stride: int, n_kv: int, slots: int | None = None, first: int = 0) -> torch.Tensor:
+    """(W, n_kv) bool: offset i is in the band of KV head h, slot first + h of `slots` (default n_kv), when
+    (i mod S) slots // S = first + h: each slot owns a run of about S / slots phases, every phase one slot."""
+    owner = (torch.arange(window) % stride) * (slots or n_kv) // stride  # (W,)
+    return owner[:, None] == first + torch.arange(n_kv)[None]
+
+
+def key_band(cfg: ModelConfig, layer: int) -> torch.Tensor | None:
+    """The key gates' band of `layer` (W, n_kv) bool: `phase bands` split the phases among the layer's KV heads;
+    `layer bands` among every (layer, KV head) of the model, slot layer n_kv + h; None without bands."""
+    if cfg.layer_bands:
+        return phase_band(cfg.window, cfg.stride, cfg.n_kv_heads, cfg.n_layers * cfg.n_kv_heads, layer * cfg.n_kv_heads)
+    return phase_band(cfg.window, cfg.stride, cfg.n_kv_heads) if cfg.phase_bands else None
 
 
 def head_delays(cfg: ModelConfig) -> tuple[int, ...]:
@@ -499,5 +506,7 @@ def layer_rope(cfg: ModelConfig) -> Rope:
     return Rope(cfg.rope_rotary_dims, cfg.rope_theta, COMPRESSORS[cfg.compressor].rope_layout)
 
 
-def make_compressor(cfg: ModelConfig, grid: Grid, rope: Rope) -> Compressor:
+def make_compressor(cfg: ModelConfig, grid: Grid, rope: Rope, layer: int = 0) -> Compressor:
+    if cfg.compressor == "paper":
+        return PaperCompressor(cfg, grid, rope, layer)  # its key band may depend on the layer (layer bands)
     return COMPRESSORS[cfg.compressor](cfg, grid, rope)

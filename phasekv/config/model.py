@@ -14,7 +14,7 @@ GATES = ("scalar", "vector", "uniform")
 COMPRESSORS = ("paper", "v4")  # the compressor variants' names: the one list (attention.compressor keys its classes by it)
 COMPRESSION_FIELDS = ("gate", "tied_kv", "gate_bias", "local_window", "post_norm", "stagger", "coverage_reg",
                       "compressor", "attention_sink", "shared_payload", "head_stagger", "grid_jitter",
-                      "phase_bands")  # attributes full attention does not have
+                      "phase_bands", "layer_bands")  # attributes full attention does not have
 FAMILIES = ("nsa", "moba", "beacon")  # the grid family's designs: the one list (attention.family keys its classes by it)
 FAMILY_FIELDS = {  # the fields each design uses (all >= 1, except the flag); every other family field stays at its default
     "nsa": ("block", "block_stride", "select_block", "top_k", "sliding_window", "forced_blocks"),
@@ -153,6 +153,8 @@ class ModelConfig:
     grid_jitter: bool = False  # training only: every sequence's windows start a random 0..S-1 tokens earlier
     phase_bands: bool = False  # KV head h's key gate reads only the offsets i whose phase (i mod S) is in its band,
     #                            (i mod S) n_kv // S = h: the heads' key phases are disjoint and cover every phase
+    layer_bands: bool = False  # phase bands over every (layer, KV head) of the model: slot l n_kv + h of L n_kv owns
+    #                            the phases with (i mod S) L n_kv // S = l n_kv + h (each slot about S / (L n_kv))
     # --- the grid family beyond the study (family = None: full attention or the study's compressors) ---
     family: str | None = None  # None | nsa (Native Sparse Attention) | moba (Mixture of Block Attention) | beacon
     block: int = 0  # NSA: compressed block l; MoBA: block B (tokens per block, from position 0)
@@ -323,8 +325,12 @@ class ModelConfig:
         if self.phase_bands and not 2 <= self.n_kv_heads <= self.stride:
             bad("phase_bands", f"phase bands split the S={self.stride} phases among the KV heads: they need 2..S KV "
                 f"heads, got {self.n_kv_heads}")
-        if self.phase_bands and (self.gate == "uniform" or self.compressor != "paper"):
-            bad("phase_bands", "phase bands mask the paper compressor's learned gates (not uniform averaging or V4)")
+        if self.layer_bands and (self.phase_bands or self.n_layers * self.n_kv_heads > self.stride):
+            bad("layer_bands", f"layer bands split the S={self.stride} phases among the {self.n_layers} x "
+                f"{self.n_kv_heads} (layer, KV head) slots: at most S of them, and not with phase bands")
+        for f in ("phase_bands", "layer_bands"):
+            if getattr(self, f) and (self.gate == "uniform" or self.compressor != "paper"):
+                bad(f, "phase bands mask the paper compressor's learned gates (not uniform averaging or V4)")
         if self.grid_jitter and self.local_window is None:
             bad("grid_jitter", "a jittered window's entry is visible up to S - 1 tokens after it ends: "
                 "it needs a local window to cover them")

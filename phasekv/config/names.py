@@ -38,6 +38,7 @@ ATTRIBUTES: list[tuple[str, str, dict]] = [
     ("staggered heads", "hstagger", {"head_stagger": True}),
     ("grid jitter", "jitter", {"grid_jitter": True}),
     ("phase bands", "bands", {"phase_bands": True}),
+    ("layer bands", "lbands", {"layer_bands": True}),
 ]
 # parameterised attributes: paper regex, ascii regex, field
 NUMBERED: list[tuple[str, str, str, str, str]] = [

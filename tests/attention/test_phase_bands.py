@@ -1,4 +1,5 @@
-"""Phase bands (issue 39): KV head h's key gate reads only the offsets whose phase is in its band."""
+"""Phase bands (issue 39): KV head h's key gate reads only the offsets whose phase is in its band (`phase bands`:
+the layer's heads split the phases; `layer bands`: every (layer, KV head) of the model)."""
 
 import pytest
 import torch
@@ -9,25 +10,33 @@ from phasekv.errors import ConfigError
 from tests.attention.test_blockwise import TOL, model_outputs
 from tests.attention.test_decode import SMALL, decode_all
 
-BANDED = ["W12/S6 · 2 KV · phase bands", "W8/S4 · 4 KV · phase bands · vector gates · no gate bias"]
+BANDED = ["W12/S6 · 2 KV · phase bands", "W8/S4 · 4 KV · phase bands · vector gates · no gate bias",
+          "W12/S6 · 2 KV · layer bands"]
 
 
 def test_bands_split_the_phases():
     assert phase_band(12, 6, 2).int().T.tolist() == [[1, 1, 1, 0, 0, 0] * 2, [0, 0, 0, 1, 1, 1] * 2]
     assert phase_band(8, 4, 4).sum(1).tolist() == [1] * 8  # every offset in exactly one head's band
+    bands = [c.key.band[:6, :, 0] == 0 for c in (layer.attn.compressor for layer in
+             PhaseLM(ModelConfig.from_name("W12/S6 · 2 KV · layer bands", **SMALL)).layers)]
+    owners = torch.cat(bands, 1).int().argmax(1).tolist()  # (S,) the (layer, head) slot owning each phase
+    assert owners == [0, 0, 1, 2, 2, 3]
 
 
 def test_names():
-    cfg = ModelConfig.from_name("W12/S6 · 2 KV · phase bands")
-    assert cfg.phase_bands and cfg.name == "W12/S6 · 2 KV · phase bands" and cfg.alias == "w12s6-2kv-bands"
-    assert ModelConfig.from_name(cfg.alias) == cfg and cfg.full_attention().name == "Full attention · 2 KV"
+    for name, alias in (("W12/S6 · 2 KV · phase bands", "w12s6-2kv-bands"), ("W12/S6 · 2 KV · layer bands",
+                                                                             "w12s6-2kv-lbands")):
+        cfg = ModelConfig.from_name(name)
+        assert cfg.name == name and cfg.alias == alias and ModelConfig.from_name(alias) == cfg
+        assert cfg.full_attention().name == "Full attention · 2 KV"
 
 
 @pytest.mark.parametrize("name", ["W12/S6 · 1 KV · phase bands", "W4/S2 · 4 KV · phase bands",
                                   "W12/S6 · 2 KV · phase bands · uniform averaging",
-                                  "W12/S6 · 2 KV · phase bands · V4 compressor"])
+                                  "W12/S6 · 2 KV · phase bands · V4 compressor", "W4/S2 · 2 KV · layer bands",
+                                  "W12/S6 · 2 KV · phase bands · layer bands"])
 def test_invalid_bands_name_the_field(name):
-    with pytest.raises(ConfigError, match="phase_bands"):
+    with pytest.raises(ConfigError, match="phase_bands|layer_bands"):
         ModelConfig.from_name(name)
 
 
