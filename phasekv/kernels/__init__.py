@@ -15,12 +15,14 @@ import functools
 import hashlib
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 SOURCES = (Path(__file__).with_name("rms_norm.cpp"),)
 CFLAGS = ("-O3", "-march=native", "-fopenmp-simd")  # built where it runs: the build key holds the CPU's flags
+STALE_LOCK_S = 600  # a build takes ~30 s (a few minutes on a loaded machine): a lock this old lost its builder
 
 
 def enabled() -> bool:
@@ -66,6 +68,7 @@ def extension():
     where = build_dir()
     try:
         where.mkdir(parents=True, exist_ok=True)
+        clear_stale_lock(where)
         return load(name=f"phasekv_kernels_{build_key()}", sources=[str(p) for p in SOURCES],
                     extra_cflags=list(CFLAGS), build_directory=str(where), verbose=False)
     except Exception as e:  # no compiler, no ninja, a failed build: the references run instead
@@ -73,6 +76,21 @@ def extension():
         print(f"phasekv: fused CPU kernels unavailable ({reason[:200]}); running the PyTorch references",
               file=sys.stderr)
         return None
+
+
+def clear_stale_lock(where: Path) -> bool:
+    """Remove `where/lock` when it is older than STALE_LOCK_S. torch's builder takes that lock in every process,
+    built or not, and waits for it without end: a builder killed mid-build would stall every later process."""
+    lock = where / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < STALE_LOCK_S:
+        return False
+    lock.unlink(missing_ok=True)
+    print(f"phasekv: removed a stale kernel-build lock ({lock}, {age / 60:.0f} min old)", file=sys.stderr)
+    return True
 
 
 def fuses_rms_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:

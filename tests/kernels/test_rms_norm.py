@@ -4,6 +4,7 @@ weight gradients, every memory layout a layer hands it, and the fallback where t
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -118,3 +119,15 @@ def test_a_kernel_that_does_not_build_falls_back_with_one_line(tmp_path):
     assert r.stdout.strip() == "ran"
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("phasekv: fused CPU kernels unavailable (")
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, capsys):
+    """torch's builder waits without end on a lock its killed builder left; phasekv removes one that old."""
+    lock = tmp_path / "lock"
+    lock.touch()
+    assert not kernels.clear_stale_lock(tmp_path) and lock.exists()  # a build may be running: wait for it
+    old = time.time() - kernels.STALE_LOCK_S - 1
+    os.utime(lock, (old, old))
+    assert kernels.clear_stale_lock(tmp_path) and not lock.exists()
+    assert "stale kernel-build lock" in capsys.readouterr().err
+    assert not kernels.clear_stale_lock(tmp_path)  # none there
