@@ -155,8 +155,10 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
     tasks = []
     for alias, cfg in cfgs.items():
         run, trained = str(lay.run(alias)), [f"train {alias}"]
+        source = plan.training_of(cfg.name).get("init_from")  # a model it continues: trained first, re-run with it
         tasks.append(Task(f"train {alias}", stages.train_model, {"plan": p, "arch": cfg.name, "run_dir": run},
                           lambda run=lay.run(alias): (run / "done.json").is_file(),
+                          [f"train {ModelConfig.from_name(source, preset=plan.preset).alias}"] if source else [],
                           steps=lambda run=lay.run(alias), n=plan.steps_of(cfg.name): (_last_step(run), n),
                           units=plan.steps_of(cfg.name)))
         for proto, padding in ((q, v) for q in PROTOCOLS.values() if q.retrieval for v in q.study):

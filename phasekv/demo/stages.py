@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 import warnings
 from pathlib import Path
 
@@ -13,7 +12,6 @@ import torch
 
 from phasekv.config import ModelConfig
 from phasekv.demo.plan import DemoPlan
-from phasekv.errors import CheckpointError
 from phasekv.eval.models import load
 from phasekv.eval.prompts import RetrievalPrompts
 from phasekv.eval.protocols import LOOKUP, PROTOCOLS
@@ -64,22 +62,8 @@ def train_model(plan: dict, arch: str, run_dir: str) -> dict:
     if not resume and Path(run_dir).exists():
         shutil.rmtree(run_dir)
     cfg = train_config(p, arch, run_dir)
-    if cfg.init_from and not resume:
-        _wait_for(Path(cfg.init_from))
     start = read_trainer_state(last)["step"] if resume else 0
     return {**train(cfg, resume=resume), "resumed_from": start}
-
-
-def _wait_for(run: Path, poll_s: float = 5.0, stalled_s: float = 600.0) -> None:
-    """Wait until the training this one continues (an earlier model of the plan, listed first, so already started
-    by a worker) has finished; a one-line error when it has not advanced for `stalled_s` seconds."""
-    since = time.time()
-    while not (run / "done.json").is_file():
-        log = run / "metrics.jsonl"
-        if time.time() - max(since, log.stat().st_mtime if log.is_file() else 0.0) > stalled_s:
-            raise CheckpointError(f"{run}: the training this model continues has not finished (no done.json) and "
-                                  f"has not advanced for {stalled_s:.0f} s")
-        time.sleep(poll_s)
 
 
 def retrieval(plan: dict, run_dir: str, out: str, protocol: str, padding: str) -> dict:

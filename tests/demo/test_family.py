@@ -1,12 +1,9 @@
 """`phasekv study --family`: the plan (the demo's recipe for the designs and the baselines) and its task graph."""
 
-import pytest
-
 from phasekv.config import ModelConfig
 from phasekv.demo.plan import FAMILY, FAMILY_WARM, WARM_STEPS, family_plan, plan_for
-from phasekv.demo.runner import build_tasks
-from phasekv.demo.stages import _wait_for, train_config
-from phasekv.errors import CheckpointError
+from phasekv.demo.runner import build_tasks, discard
+from phasekv.demo.stages import train_config
 
 
 def test_family_plan_keeps_the_demos_recipe():
@@ -42,8 +39,12 @@ def test_family_task_graph(tmp_path):
     assert not any(name.startswith("family") for name in (t.name for t in build_tasks(tmp_path / "d", plan_for(True))))
 
 
-def test_a_warm_design_waits_for_its_source_and_stops_when_it_stalls(tmp_path):
-    (tmp_path / "done.json").write_text("{}")
-    _wait_for(tmp_path, poll_s=0.01)  # finished: returns at once
-    with pytest.raises(CheckpointError, match="has not advanced for 0 s"):
-        _wait_for(tmp_path / "absent", poll_s=0.01, stalled_s=0.0)
+def test_a_warm_design_trains_after_its_source_and_is_rerun_with_it(tmp_path):
+    plan = family_plan(quick=True)
+    tasks = {t.name: t for t in build_tasks(tmp_path, plan)}
+    warm = [ModelConfig.from_name(m).alias for m in FAMILY_WARM]
+    assert all(tasks[f"train {a}"].after == ["train full-1kv"] for a in warm)
+    assert tasks[f"train {ModelConfig.from_name(FAMILY[0]).alias}"].after == []
+    stale, _ = discard(tmp_path, plan, ["Full attention · 1 KV"])  # re-running full attention re-runs its continuations
+    assert {f"train {a}" for a in warm} <= set(stale) and f"lookup prefix {warm[0]}" in stale
+    assert "train w8s4-1kv" not in stale
