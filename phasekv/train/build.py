@@ -75,7 +75,7 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> tuple[PhaseLM, Tokenizer |
     change when `arch` names another design: `change_design`); and the design change's record, if any."""
     if cfg.init_from:
         model, tok = load_run(cfg.init_from, hf_tokenizer=False)
-        changed, init = change_design(model, cfg.arch, cfg.seed)
+        changed, init = change_design(model, cfg.arch or model.config.name, cfg.seed)
         return changed, tok, None if init is None else {"from": str(cfg.init_from), **init}
     mcfg = ModelConfig.from_name(cfg.arch or "W8/S8 · 1 KV", preset=cfg.preset, vocab_size=vocab_size, **cfg.backbone)
     if cfg.seed is not None and cfg.seed != mcfg.seed:

@@ -19,7 +19,7 @@ class TrainConfig:
     field is a `phasekv train` option, and its comment is that option's help."""
 
     # --- what to train ---
-    arch: str = "W8/S8 · 1 KV"  # paper name or ASCII alias (`w8s8-1kv`)
+    arch: str | None = None  # paper name or ASCII alias (`w8s8-1kv`); default W8/S8 · 1 KV, or --init-from's model
     preset: str = "tiny"  # backbone preset (tiny | tiny-8h | cpu-study | small | qwen3-0.6b)
     backbone: dict = field(default_factory=dict)  # overrides of the preset's backbone fields
     data: DataConfig = field(default_factory=DataConfig)  # recall (default), corpus, or a mixture

@@ -82,5 +82,8 @@ def test_cli_continues_full_attention_as_beacon_and_records_it(tmp_path, monkeyp
     assert saved["init"]["from"] == str(src) and saved["init"]["from_name"] == "Full attention · 1 KV"
     train(out=str(tmp_path / "beacon"), resume=True, steps=2, progress=False)  # a resumed run keeps the record
     assert json.loads((tmp_path / "beacon" / "config.json").read_text())["init"] == saved["init"]
+    assert cli("--out", str(tmp_path / "same"))[0] in (0, None)  # no --arch: the source's own model, continued
+    same = json.loads((tmp_path / "same" / "config.json").read_text())
+    assert same["name"] == "Full attention · 1 KV" and "init" not in same
     code, err = cli("--arch", "MoBA B16 top 3 · 2 KV", "--out", str(tmp_path / "bad"))
     assert code == 2 and len(err.strip().splitlines()) == 1 and "n_kv_heads=2 against 1" in err
