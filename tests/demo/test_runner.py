@@ -152,7 +152,7 @@ def test_training_per_model_and_longest_training_first(tmp_path):
     assert uniform == plan.training_of("w8s8-1kv-uniform") and uniform["steps"] > plan.steps
     assert plan.sequences_of("w8s8-1kv-uniform") > plan.sequences_of("W8/S4 · 1 KV") == plan.steps * plan.batch_size
     assert plan.training_of("W8/S4 · 1 KV") == {"steps": plan.steps, "batch_size": plan.batch_size, "lr": plan.lr}
-    assert plan_for(quick=True).per_model == {"W12/S6 · 4 KV": {"recall": {"gap_prob": 0.5}}}  # what, not how long
+    assert plan_for(quick=True).per_model == {"W8/S6 · 4 KV": {"recall": {"gap_prob": 0.5}}}  # what, not how long
     assert "(W8/S8 · 1 KV · uniform averaging: 1600 steps)" in plan.steps_text()
     assert "records growing from 1 over the first 400 steps" in plan.steps_text()
     trainings = [t for t in build_tasks(tmp_path, plan) if t.name.startswith("train ")]
