@@ -246,13 +246,16 @@ def seed_record(result: dict, source: str) -> dict:
 def attach_record(result: dict, record: dict) -> None:
     """Give every design of `result` that a seed record measured (same architecture, same training recipe) its
     `measured` distribution, and restate the verdict with it: a one-seed run (the demo) then says at how many
-    seeds its design was measured to meet every goal."""
+    seeds its design was measured to meet every goal, and a design the record does not find repaired (the record's
+    rule over its seeds) is not called repaired on this run's fewer seeds."""
     if record.get("schema") != RECORD_SCHEMA:
         raise DataError(f"repair: a seed record needs schema {RECORD_SCHEMA!r}, got {record.get('schema')!r}")
     for d in result["designs"]:
         found = [r for r in record["designs"] if r["arch"] == d["arch"] and r["recipe"] == d["recipe"]]
         if found:
             d["measured"] = found[0] | {"source": record["source"]}
+    refuted = {d["design"] for d in result["designs"] if not d.get("measured", {"meets": True})["meets"]}
+    result["repaired"] = [n for n in result["repaired"] if n not in refuted]
     result["verdict"] = verdict_text(result["repaired"], result["designs"], Goals(**result["goals"]))
 
 
