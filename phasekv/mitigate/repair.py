@@ -254,7 +254,7 @@ def attach_record(result: dict, record: dict) -> None:
         found = [r for r in record["designs"] if r["arch"] == d["arch"] and r["recipe"] == d["recipe"]]
         if found:
             d["measured"] = found[0] | {"source": record["source"]}
-    refuted = {d["design"] for d in result["designs"] if not d.get("measured", {"meets": True})["meets"]}
+    refuted = {d["design"] for d in result["designs"] if "measured" in d and not d["measured"]["meets"]}
     result["repaired"] = [n for n in result["repaired"] if n not in refuted]
     result["verdict"] = verdict_text(result["repaired"], result["designs"], Goals(**result["goals"]))
 
