@@ -16,12 +16,15 @@ NOT_IMPORTED := '/tests?/|/testing/_internal/|/transformers/models/(?!(auto|qwen
 COMPILE = $(BIN)/python -m compileall -q -j 0 -x $(NOT_IMPORTED) \
 	"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null || true
 
+# The fused CPU kernels (`python -m phasekv.kernels`: ~25-55 s of one core; without a compiler, the references run)
+# need torch alone, so they build on one core while pip installs the rest on the other (numpy comes with torch:
+# torch imports it when present, and must not find it half-installed).
 $(BIN)/phasekv: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile $(TORCH_SPEC)
-	$(BIN)/pip install -q --no-compile -e .
-	$(COMPILE)
-	$(BIN)/python -m phasekv.kernels  # the fused CPU kernels, built once (~25 s; without a compiler: the references)
+	$(BIN)/pip install -q --no-compile $(TORCH_SPEC) numpy
+	$(BIN)/python -m phasekv.kernels & kernels=$$!; \
+	$(BIN)/pip install -q --no-compile -e . && { $(COMPILE); }; installed=$$?; \
+	wait $$kernels; exit $$installed
 	touch $(BIN)/phasekv
 
 # the test and lint tools (pyproject's dev extras)

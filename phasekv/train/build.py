@@ -3,10 +3,11 @@ of `--init-from`, or the checkpoint's architecture on resume; a transformers mod
 `--hf-model`, see `phasekv.train.hfmodel`) and its optimizer (AdamW; weight decay on matrices only).
 
 `--init-from` with an `--arch` of another design is a design change (`change_design`, the one rule): full
-attention's weights continue as NSA, MoBA or Activation Beacon on the same backbone, as those papers continue a
-pretrained full-attention LM. Every tensor the two share is loaded; the design's own parameters start as the
-design says (Beacon's beacon q/k/v as copies of the layer's q/k/v, NSA's own modules and the beacon embedding
-fresh at the run seed); the run's config.json records it under "init".
+attention's weights continue as another design on the same backbone (a compressed design, NSA, MoBA or Activation
+Beacon), as those papers continue a pretrained full-attention LM. Every tensor the two share is loaded; the
+design's own parameters start as the design says (Beacon's beacon q/k/v as copies of the layer's q/k/v; a
+compressor's payloads and gates, NSA's own modules and the beacon embedding fresh at the run seed); the run's
+config.json records it under "init".
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> tuple[PhaseLM, Tokenizer |
 
 
 def change_design(source: PhaseLM, arch: str, seed: int | None = None) -> tuple[PhaseLM, dict | None]:
-    """`source` as `arch`: itself when `arch` names its model; full attention as a family design on the same
+    """`source` as `arch`: itself when `arch` names its model; full attention as another design on the same
     backbone (KV heads, Q/K norm and RoPE: the source's, or the name's when equal), every shared tensor loaded and the
     design's own parameters initialised as the design says under `seed` (default: the name's, else the source's),
     with a record of the change; anything else a one-line error naming both models."""
@@ -97,9 +98,9 @@ def change_design(source: PhaseLM, arch: str, seed: int | None = None) -> tuple[
     if target == src:
         return source, None
     target = target if seed is None else target.replace(seed=seed)
-    if src.compressed or src.family is not None or target.family is None:
+    if src.compressed or src.family is not None:
         raise ConfigError(f"--arch {target.name!r} differs from --init-from's {src.name!r}, and a design change goes "
-                          "from full attention to NSA, MoBA or Beacon only")
+                          "from full attention only")
     bare = target.full_attention()
     differs = next((f.name for f in dataclasses.fields(src) if f.name != "seed" and
                     getattr(bare, f.name) != getattr(src, f.name)), None)

@@ -154,3 +154,16 @@ def test_lookup_layout_fits_the_training_length():
     assert (lookup_config({"train_len": 80}).records, lookup_config({"train_len": 80}).demos) == (16, 2)
     assert lookup_config({"train_len": 4096}).records == 64 and lookup_config(None).records == 64
     assert lookup_config(info, records=12).records == 12 and lookup_config(info, records=12).demos == 8
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_prefetch_builds_every_prompt_in_order_with_threads_or_in_turn(threads):
+    from phasekv.eval.run import prefetch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        built = list(prefetch(lambda pid: pid * pid, range(50), depth=8))
+    finally:
+        torch.set_num_threads(before)
+    assert built == [pid * pid for pid in range(50)]

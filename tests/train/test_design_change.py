@@ -1,5 +1,5 @@
-"""`--init-from` across designs: full attention's weights continued as NSA, MoBA or Activation Beacon
-(`phasekv.train.build.change_design`, the one rule)."""
+"""`--init-from` across designs: full attention's weights continued as a compressed design, NSA, MoBA or
+Activation Beacon (`phasekv.train.build.change_design`, the one rule)."""
 
 import json
 
@@ -47,18 +47,30 @@ def test_beacon_projections_start_as_the_layers_and_nsa_modules_fresh_at_the_see
     assert not torch.equal(nsa_a.state_dict()[gate], nsa_c.state_dict()[gate]) and nsa_c.config.seed == 7
 
 
+def test_a_compressed_design_keeps_every_tensor_and_starts_its_compressor_at_the_seed(full):
+    uniform, record = change_design(full, "W8/S8 · 1 KV · uniform averaging")
+    ref = full.state_dict()
+    assert all(torch.equal(uniform.state_dict()[k], w) for k, w in ref.items())
+    assert record["own"] == [f"layers.{i}.attn.compressor.{b}.payload" for i in (0, 1) for b in ("key", "value")]
+    again, _ = change_design(full, "W8/S8 · 1 KV · uniform averaging")
+    assert all(torch.equal(w, again.state_dict()[k]) for k, w in uniform.state_dict().items())  # the run seed decides
+    gated, rec = change_design(full, "W8/S4 · 1 KV")
+    assert "layers.1.attn.compressor.key.gate_weight" in rec["own"] and gated.config.compressed
+
+
 @pytest.mark.parametrize("arch, says", [
     ("MoBA B16 top 3 · 2 KV", "in the backbone: n_kv_heads=2 against 1"),
     ("MoBA B16 top 3 · 1 KV · no Q/K norm", "in the backbone: qk_norm=False against True"),
-    ("W8/S4 · 1 KV", "from full attention to NSA, MoBA or Beacon only"),
+    ("W8/S4 · 2 KV", "in the backbone: n_kv_heads=2 against 1"),
 ])
 def test_unreachable_or_mismatched_designs_are_one_line_errors(full, arch, says):
     with pytest.raises(ConfigError, match="differs from --init-from's 'Full attention · 1 KV'") as exc:
         change_design(full, arch)
     assert says in str(exc.value) and "\n" not in str(exc.value)
-    moba, _ = change_design(full, "MoBA B16 top 3 · 1 KV")
-    with pytest.raises(ConfigError, match="'MoBA B16 top 3 · 1 KV', and a design change goes"):
-        change_design(moba, "Beacon r8 · window 32 · 1 KV")
+    for other in ("MoBA B16 top 3 · 1 KV", "W8/S8 · 1 KV"):
+        source, _ = change_design(full, other)
+        with pytest.raises(ConfigError, match=f"'{other}', and a design change goes from full attention only"):
+            change_design(source, "Beacon r8 · window 32 · 1 KV")
     assert change_design(full, "full-1kv") == (full, None)  # its own name: no change
 
 
