@@ -195,7 +195,10 @@ def seed_count(n: int) -> str:
 
 
 def rule_text(seeds: int) -> str:
-    """The seed rule in words (`Goals.seeds`)."""
+    """The seed rule in words (`Goals.seeds`); at one seed (the demo) with what `attach_record` adds."""
+    if seeds == 1:
+        return ("at one seed, a design is repaired when it meets every goal and, where a seed record measured its "
+                "design and recipe at more seeds, every one of those meets every goal too")
     return (f"a design is repaired only when it was trained at >= {seed_count(seeds)} and every one of its "
             "seeds meets every goal")
 
