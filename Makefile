@@ -16,7 +16,7 @@ NOT_IMPORTED := '/tests?/|/testing/_internal/|/transformers/models/(?!(auto|qwen
 COMPILE = $(BIN)/python -m compileall -q -j 0 -x $(NOT_IMPORTED) \
 	"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null || true
 
-# The fused CPU kernels (`python -m phasekv.kernels`: ~25-55 s of one core; without a compiler, the references run)
+# The fused CPU kernels (`python -m phasekv.kernels`: ~15-30 s of one core; without a compiler, the references run)
 # need torch alone, so they build on one core while pip installs the rest on the other (numpy comes with torch:
 # torch imports it when present, and must not find it half-installed).
 $(BIN)/phasekv: pyproject.toml

@@ -22,7 +22,7 @@ import torch
 
 SOURCES = (Path(__file__).with_name("rms_norm.cpp"),)
 CFLAGS = ("-O3", "-march=native", "-fopenmp-simd")  # built where it runs: the build key holds the CPU's flags
-STALE_LOCK_S = 600  # a build takes ~30 s (a few minutes on a loaded machine): a lock this old lost its builder
+STALE_LOCK_S = 600  # a build takes ~15 s (a few minutes on a loaded machine): a lock this old lost its builder
 
 
 def enabled() -> bool:
@@ -60,7 +60,7 @@ def build_dir() -> Path:
 
 @functools.cache
 def extension():
-    """The built module (building it the first time, ~30 s), or None where it cannot be built or is turned off."""
+    """The built module (building it the first time, ~15 s), or None where it cannot be built or is turned off."""
     if not enabled():
         return None
     from torch.utils.cpp_extension import load  # imported when used: ~0.5 s

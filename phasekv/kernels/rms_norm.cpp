@@ -3,7 +3,8 @@
 // phasekv.attention.norm.reference_rms_norm is the definition the tests hold it to:
 //   y = w * x * rstd,  rstd = 1 / sqrt(mean(x^2) + eps)
 //   dx = rstd * (dy * w - x * rstd^2 * mean(dy * w * x)),  dw = sum over rows of dy * x * rstd
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>  // not torch/extension.h (all of libtorch's C++ API): a build in ~15 s, not ~25
 
 #include <algorithm>
 #include <cmath>
