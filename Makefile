@@ -10,8 +10,9 @@ TORCH_SPEC ?= torch==2.13.0
 # pip byte-compiles every file it installs, one at a time (~60 s here); instead one parallel pass compiles what
 # can be imported, skipping the packages' own test suites and transformers' model files other than those phasekv
 # loads (the rest compile on import, if ever). As under pip, a file that does not compile (one written for a newer
-# Python) is left out, not an error. The demo needs no test tools: `make demo` on a fresh machine sets up in ~45-55 s,
-# `make test` adds the dev extras (measured; pip's own compiling made it ~110 s).
+# Python) is left out, not an error. The demo needs no test tools: `make demo` on a fresh machine sets up in ~45-55 s
+# on the faster machines here, ~85 s on the slower ones (kernels included), `make test` adds the dev extras
+# (measured; pip's own compiling made it ~110 s).
 NOT_IMPORTED := '/tests?/|/testing/_internal/|/transformers/models/(?!(auto|qwen3|deepseek_v4)/)'
 COMPILE = $(BIN)/python -m compileall -q -j 0 -x $(NOT_IMPORTED) \
 	"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null || true
