@@ -22,7 +22,8 @@ COMPILE = $(BIN)/python -m compileall -q -j 0 -x $(NOT_IMPORTED) \
 # torch imports it when present, and must not find it half-installed).
 $(BIN)/phasekv: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile $(TORCH_SPEC) numpy
+	$(BIN)/pip install -q --no-compile $(TORCH_SPEC)
+	$(BIN)/pip install -q --no-compile numpy  # apart: a TORCH_SPEC with --index-url must not decide where numpy comes from
 	$(BIN)/python -m phasekv.kernels & kernels=$$!; \
 	$(BIN)/pip install -q --no-compile -e . && { $(COMPILE); }; installed=$$?; \
 	wait $$kernels; exit $$installed
