@@ -120,23 +120,28 @@ def run_phasekv(args: list[str]) -> int:
     return 0
 
 
-def _run_page(page: str, cmds: list[list[str]], tmp_path, monkeypatch) -> None:
+def _first_failure(page: str, cmds: list[list[str]], tmp_path, monkeypatch) -> str | None:
+    """Run a page's commands in order (later ones use earlier ones' outputs); the first whose exit code is not
+    allowed, as a message, or None when every one exits as it should."""
     monkeypatch.chdir(tmp_path)
     for args in cmds:
         code = run_phasekv(args)
-        allowed = VERDICT_CODES.get(args[0], {0})
-        assert code in allowed, f"{page}: `phasekv {shlex.join(args)}` exited {code}"
+        if code not in VERDICT_CODES.get(args[0], {0}):
+            return f"{page}: `phasekv {shlex.join(args)}` exited {code}"
+    return None
 
 
 @pytest.mark.parametrize(("page", "cmds"), blocks(slow=False), ids=lambda v: v if isinstance(v, str) else "")
 def test_guide_blocks(page, cmds, tmp_path, monkeypatch):
-    _run_page(page, cmds, tmp_path, monkeypatch)
+    failure = _first_failure(page, cmds, tmp_path, monkeypatch)
+    assert failure is None, failure
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("page", "cmds"), blocks(slow=True), ids=lambda v: v if isinstance(v, str) else "")
 def test_guide_blocks_slow(page, cmds, tmp_path, monkeypatch):
-    _run_page(page, cmds, tmp_path, monkeypatch)
+    failure = _first_failure(page, cmds, tmp_path, monkeypatch)
+    assert failure is None, failure
 
 
 def test_blocks_are_marked():
