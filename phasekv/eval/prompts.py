@@ -29,7 +29,9 @@ from phasekv.eval.tokens import WordTokenizer, prompt_words
 
 PADDINGS = ("prefix", "in-sequence")
 SEPARATORS = (";", ",", ".", "|", "and")
-SHARED_SETS = 4  # prompt sets a process keeps built: the demo's models share one tokenizer and their prompts
+SHARED_SETS = 6  # prompt sets a process keeps built: the demo's models share one tokenizer and their prompts; a
+#   demo worker uses 5 (the lookup under each padding, the knockouts' and cycles' smaller set, the flip prompt,
+#   the calibration set), ~30 MB for the largest
 _BUILT: OrderedDict[tuple[str, str], dict[int, Prompt]] = OrderedDict()  # (config, tokenizer) -> pid -> prompt
 
 

@@ -1,6 +1,7 @@
 """The demo's task graph: dependencies, skipping finished work, failures, and the --quick run (slow)."""
 
 import dataclasses
+import importlib
 import json
 import re
 import time
@@ -38,7 +39,7 @@ def test_progress_lines_off_a_terminal(monkeypatch, capsys):
 
 def test_task_graph_covers_every_stage(tmp_path):
     tasks = {t.name: t for t in build_tasks(tmp_path, plan_for(quick=True))}
-    models = ["full-1kv", "w8s8-1kv", "w8s4-1kv", "w8s8-1kv-uniform", "w6s6-1kv"]
+    models = ["full-1kv", "w8s8-1kv", "w8s4-1kv", "w6s6-1kv", "w8s6-4kv"]
     for m in models:
         assert f"train {m}" in tasks
         for stage in ("lookup prefix", "lookup in-sequence", "knockout", "flip"):
@@ -148,17 +149,17 @@ def test_second_demo_on_same_dir_is_refused(tmp_path):
 
 def test_training_per_model_and_longest_training_first(tmp_path):
     plan = plan_for(quick=False)
-    uniform = plan.training_of("W8/S8 · 1 KV · uniform averaging")
-    assert uniform == plan.training_of("w8s8-1kv-uniform") and uniform["steps"] > plan.steps
-    assert plan.sequences_of("w8s8-1kv-uniform") > plan.sequences_of("W8/S4 · 1 KV") == plan.steps * plan.batch_size
+    full = plan.training_of("Full attention · 1 KV")
+    assert full == plan.training_of("full-1kv") and full["steps"] > plan.steps
+    assert plan.sequences_of("full-1kv") > plan.sequences_of("W8/S4 · 1 KV") == plan.steps * plan.batch_size
     assert plan.training_of("W8/S4 · 1 KV") == {"steps": plan.steps, "batch_size": plan.batch_size, "lr": plan.lr}
     assert plan_for(quick=True).per_model == {"W8/S6 · 4 KV": {"recall": {"gap_prob": 0.5}}}  # what, not how long
-    assert "(W8/S8 · 1 KV · uniform averaging: 1600 steps)" in plan.steps_text()
+    assert "(Full attention · 1 KV: 1000 steps)" in plan.steps_text()
     assert "records growing from 1 over the first 400 steps" in plan.steps_text()
     trainings = [t for t in build_tasks(tmp_path, plan) if t.name.startswith("train ")]
-    assert trainings[0].name == "train w8s8-1kv-uniform"  # the critical path starts first
+    assert trainings[0].name == "train full-1kv"  # the critical path starts first (in model order among equals)
     steps = [t.steps()[1] for t in trainings]
-    assert steps == sorted(steps, reverse=True) and steps[0] == plan.steps_of("w8s8-1kv-uniform") and steps[-1] == plan.steps
+    assert steps == sorted(steps, reverse=True) and steps[0] == plan.steps_of("full-1kv") and steps[-1] == plan.steps
 
 
 def test_a_model_trained_on_its_own_recall_layout_and_the_repair_task(tmp_path):
@@ -178,3 +179,13 @@ def test_a_model_trained_on_its_own_recall_layout_and_the_repair_task(tmp_path):
     assert tasks["train w12s6-2kv"].kwargs["arch"] == "W12/S6 · 2 KV"
     assert plan.repairs() and not dataclasses.replace(plan, models=["W8/S4 · 1 KV", "W12/S6 · 2 KV"]).repairs()
     assert not study_plan(quick=True).repairs()
+
+
+def test_the_set_up_imports_every_room_a_stage_imports():
+    """`python -m phasekv.demo` (the set-up's byte-code warm-up) finds the stages' own imports, each importable."""
+    from phasekv.demo.__main__ import rooms
+
+    names = rooms()
+    assert {"phasekv.train", "phasekv.eval.run", "phasekv.analysis.knockout", "phasekv.theory",
+            "phasekv.mitigate.repair"} <= set(names)
+    assert all(importlib.import_module(n) for n in names)
