@@ -24,8 +24,8 @@ def register(app: typer.Typer) -> None:
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
         rerun: list[str] = typer.Option(None, "--rerun", metavar="MODEL", help=RERUN_HELP),
     ) -> None:
-        """Reproduce the study end to end on this CPU: train five tiny models (full attention, W8/S8, W8/S4,
-        W6/S6 and the repair candidate W8/S6 · 4 KV), run the lookup evaluation under both paddings, the flip
+        """Reproduce the study end to end on this CPU: train four tiny models (full attention, W8/S8, W8/S4
+        and the repair candidate W8/S6 · 4 KV), run the lookup evaluation under both paddings, the flip
         sweep, knockouts, gate statistics with training paths, gate cycling, the repair's goals and the theory
         checks, then write OUT/report/index.html. Resumable: re-running skips finished work."""
         from phasekv.demo.runner import run_demo

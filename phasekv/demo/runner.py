@@ -1,5 +1,5 @@
 """`phasekv demo` and `phasekv study`: a plan (`phasekv.demo.plan`) end to end on a CPU, resumable, with
-progress, then the report. The demo runs five models (the last: the repair); the study, the paper's whole grid.
+progress, then the report. The demo runs four models (the last: the repair); the study, the paper's whole grid.
 
 The work is a small graph of tasks (train each model; lookup under both paddings; flip; knockouts; gate
 statistics after the knockouts; gate cycling; theory checks; example prompts). A task whose outputs exist

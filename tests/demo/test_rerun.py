@@ -67,7 +67,7 @@ def _report(root: Path, invocation: int) -> Path:
 
 
 @pytest.mark.parametrize("command,reruns,aggregates", [
-    ("demo", ["W8/S4 · 1 KV", "w6s6-1kv"], ["compare", "example prompts", "repair goals"]),
+    ("demo", ["W8/S4 · 1 KV", "w8s8-1kv"], ["compare", "example prompts", "repair goals"]),
     ("study", ["w8s8-8kv"], ["compare", "example prompts"]),
     ("study --family", ["MoBA B16 top 3 · 1 KV"], ["compare", "example prompts"]),
 ])

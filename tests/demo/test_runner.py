@@ -39,7 +39,7 @@ def test_progress_lines_off_a_terminal(monkeypatch, capsys):
 
 def test_task_graph_covers_every_stage(tmp_path):
     tasks = {t.name: t for t in build_tasks(tmp_path, plan_for(quick=True))}
-    models = ["full-1kv", "w8s8-1kv", "w8s4-1kv", "w6s6-1kv", "w8s6-4kv"]
+    models = ["full-1kv", "w8s8-1kv", "w8s4-1kv", "w8s6-4kv"]
     for m in models:
         assert f"train {m}" in tasks
         for stage in ("lookup prefix", "lookup in-sequence", "knockout", "flip"):
@@ -47,7 +47,7 @@ def test_task_graph_covers_every_stage(tmp_path):
     # gates after the knockouts (the alignment panel); cycling only for W = S models with learned gates
     assert tasks["gates w8s8-1kv"].after == ["train w8s8-1kv", "knockout w8s8-1kv"]
     assert "gates full-1kv" not in tasks
-    assert {n for n in tasks if n.startswith("cycle")} == {"cycle w8s8-1kv", "cycle w6s6-1kv"}
+    assert {n for n in tasks if n.startswith("cycle")} == {"cycle w8s8-1kv"}
     assert "theory checks" in tasks and "example prompts" in tasks
     assert all(not t.is_done() for t in tasks.values())
 
