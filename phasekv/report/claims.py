@@ -200,7 +200,7 @@ def c5(f: Facts) -> Verdict:
     ok, left = usable(f)
     runs = {n: ok[n] for n in PERSISTS if n in ok}
     if not runs or FULL_1KV not in ok:
-        return Verdict("C5", UNTESTABLE, f"needs {FULL_1KV} and at least one of its runs."
+        return Verdict("C5", UNTESTABLE, f"needs {' or '.join(PERSISTS)} beside {FULL_1KV}."
                        + _scope(_missing((*PERSISTS, FULL_1KV), ok, left)))
     base_hi = ci(ok[FULL_1KV], "gap")["ci"][1]
     res = {n: {"periodic": periodic(s, 8), "detected_period": s.get("detected_period"), "gap": ci(s, "gap"),

@@ -77,7 +77,9 @@ def test_c5_persists_without_rope_and_gate():
     assert claims.c5(facts(**runs)).verdict == REPRODUCED
     runs["W8/S8 · 1 KV · uniform averaging"] = lookup([30.0] * 8)  # flat
     assert claims.c5(facts(**runs)).verdict == NOT_REPRODUCED
-    assert claims.c5(facts(**{FULL1: lookup(FLAT, 0)})).verdict == UNTESTABLE
+    v = claims.c5(facts(**{FULL1: lookup(FLAT, 0)}))  # the demo's case: neither of its runs trained
+    assert v.verdict == UNTESTABLE and v.reason.startswith("needs W8/S8 · 1 KV · no RoPE or W8/S8 · 1 KV · uniform "
+                                                           "averaging beside Full attention · 1 KV.")
 
 
 def test_c6_overlap_narrows_without_removing():
