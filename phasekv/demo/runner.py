@@ -36,7 +36,6 @@ from phasekv.eval.protocols import LOOKUP, PROTOCOLS
 from phasekv.io import write_json
 from phasekv.progress import Progress, duration
 from phasekv.report.layout import THEORY_CHECKS, Layout, done
-from phasekv.report.render import render_report
 
 console = Console()
 
@@ -485,6 +484,8 @@ def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool, re
 
     finish(time.time() - t0)
     if report:
+        from phasekv.report.render import render_report  # at the end: the workers' start does not wait for it
+
         t1, c1 = time.time(), time.process_time()
         index = render_report(root, progress=progress)
         console.print(f"[green]✓[/] report: {index}")

@@ -13,6 +13,7 @@ from phasekv.demo import cli as demo_cli
 from phasekv.demo import runner
 from phasekv.demo.plan import plan_for
 from phasekv.errors import ConfigError
+from phasekv.report import render
 from phasekv.report.layout import THEORY_CHECKS, Layout
 
 
@@ -56,7 +57,7 @@ def _files(root: Path) -> dict[str, bytes]:
 def fake(monkeypatch, tmp_path) -> FakeStages:
     stages = FakeStages(tmp_path)
     monkeypatch.setattr(runner, "run_tasks", stages.run_tasks)
-    monkeypatch.setattr(runner, "render_report", lambda root, progress: _report(Path(root), len(stages.ran)))
+    monkeypatch.setattr(render, "render_report", lambda root, progress: _report(Path(root), len(stages.ran)))
     return stages
 
 

@@ -1,7 +1,6 @@
 """The demo's task graph: dependencies, skipping finished work, failures, and the --quick run (slow)."""
 
 import dataclasses
-import importlib
 import json
 import re
 import time
@@ -180,12 +179,3 @@ def test_a_model_trained_on_its_own_recall_layout_and_the_repair_task(tmp_path):
     assert plan.repairs() and not dataclasses.replace(plan, models=["W8/S4 · 1 KV", "W12/S6 · 2 KV"]).repairs()
     assert not study_plan(quick=True).repairs()
 
-
-def test_the_set_up_imports_every_room_a_stage_imports():
-    """`python -m phasekv.demo` (the set-up's byte-code warm-up) finds the stages' own imports, each importable."""
-    from phasekv.demo.__main__ import rooms
-
-    names = rooms()
-    assert {"phasekv.train", "phasekv.eval.run", "phasekv.analysis.knockout", "phasekv.theory",
-            "phasekv.mitigate.repair"} <= set(names)
-    assert all(importlib.import_module(n) for n in names)
