@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 # ahead would cost the set-up that much again). `make test`'s one parallel pass compiles what can be imported,
 # skipping the packages' own test suites and transformers' model files other than those phasekv loads; as under
 # pip, a file that does not compile (one written for a newer Python) is left out, not an error. The demo needs no
-# test tools: `make demo` on a fresh machine sets up in ~45-55 s on the faster machines here, ~75 s on the slower
+# test tools: `make demo` on a fresh machine sets up in ~45-55 s on the faster machines here, ~70 s on the slower
 # ones (kernels included), `make test` adds the dev extras (measured; pip's own compiling made it ~110 s).
 NOT_IMPORTED := '/tests?/|/testing/_internal/|/transformers/models/(?!(auto|qwen3|deepseek_v4)/)'
 COMPILE = $(BIN)/python -m compileall -q -j 0 -x $(NOT_IMPORTED) \
