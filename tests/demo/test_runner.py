@@ -178,4 +178,3 @@ def test_a_model_trained_on_its_own_recall_layout_and_the_repair_task(tmp_path):
     assert tasks["train w12s6-2kv"].kwargs["arch"] == "W12/S6 · 2 KV"
     assert plan.repairs() and not dataclasses.replace(plan, models=["W8/S4 · 1 KV", "W12/S6 · 2 KV"]).repairs()
     assert not study_plan(quick=True).repairs()
-
