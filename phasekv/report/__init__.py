@@ -12,8 +12,9 @@ which fills a study directory and renders the report at its end.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from phasekv.lazy import exports
 
 if TYPE_CHECKING:
     from phasekv.report.layout import Layout
@@ -24,11 +25,5 @@ __all__ = ["Layout", "Study", "load_study", "render_report"]
 
 # Imported on first use (PEP 562): the demo's workers read the layout (`phasekv.report.layout`) and must not pull
 # in the renderer and its dependencies (scipy.stats, matplotlib, plotly: ~1.5 s of every worker's start here).
-_HOME = {"Layout": "phasekv.report.layout", "Study": "phasekv.report.load", "load_study": "phasekv.report.load",
-         "render_report": "phasekv.report.render"}
-
-
-def __getattr__(name: str):
-    if name in _HOME:
-        return getattr(importlib.import_module(_HOME[name]), name)
-    raise AttributeError(f"module 'phasekv.report' has no attribute {name!r}")
+__getattr__ = exports(__name__, {"Layout": "phasekv.report.layout", "Study": "phasekv.report.load",
+                                 "load_study": "phasekv.report.load", "render_report": "phasekv.report.render"})
