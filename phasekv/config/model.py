@@ -118,21 +118,27 @@ def _family_fields() -> tuple[str, ...]:
 
 @dataclass
 class ModelConfig:
+    """Everything that builds a `PhaseLM`: a Qwen3-shaped backbone (from a preset), the compression attributes
+    its name states and the seed. Build it from a name, `ModelConfig.from_name("W8/S8 · 1 KV · no RoPE",
+    preset="tiny")`, rather than field by field; `name` and `alias` print it back, `to_dict`/`from_dict` are the
+    run directory's `config.json`. A field left at its default is not part of the name (docs: Model names).
+    """
+
     # --- backbone (Qwen3 shape) ---
-    vocab_size: int = 512
-    n_layers: int = 2
+    vocab_size: int = 512  # token ids 0..vocab_size-1 (commands set it from the tokenizer)
+    n_layers: int = 2  # transformer blocks
     d_model: int = 64  # residual width
     n_heads: int = 4  # query heads
     n_kv_heads: int = 1  # KV heads; must divide n_heads (GQA)
     head_dim: int = 32  # independent of d_model, as in Qwen3
     d_ff: int = 192  # SwiGLU hidden width
-    rope_theta: float = 1e4
-    norm_eps: float = 1e-6
-    tie_embeddings: bool = True
+    rope_theta: float = 1e4  # RoPE base frequency (Qwen3-0.6B: 1e6)
+    norm_eps: float = 1e-6  # RMSNorm epsilon
+    tie_embeddings: bool = True  # the LM head reuses the token embedding matrix (tiny, cpu-study, tiny-8h, small: False)
     init_std: float | None = None  # std of every weight matrix at init; None: torch's nn.Linear variance 1/(3 fan_in),
     #                                token embeddings N(0, 1) (untied) or N(0, 1/d_model) (tied); 0.02 = Qwen3's
     max_seq_len: int = 131072  # longest sequence the model is used at (prompts beyond it are an error)
-    preset: str = "custom"
+    preset: str = "custom"  # the backbone preset the fields came from (tiny, cpu-study, ...); "custom" when none
     # --- compression (window = 0 means full attention) ---
     window: int = 0  # W: tokens per compressed entry
     stride: int = 0  # S: distance between window starts, 1 <= S <= W

@@ -19,7 +19,7 @@ class DemoPlan:
     # --- models (paper names; tiny preset) ---
     models: list[str] = field(default_factory=lambda: [
         "Full attention · 1 KV", "W8/S8 · 1 KV", "W8/S4 · 1 KV",
-        "W8/S6 · 4 KV"])  # the last: the repair (issues 18, 39), trained with half the records adjacent (per_model)
+        "W8/S6 · 4 KV"])  # the last: the repair, trained with half the records adjacent (per_model)
     #   Not here (`make study` trains both; the demo trained them until 2026-12-03, when it had to fit 12 minutes on
     #   the slowest 2-core machines here: with six models 14 min 35 s to 15 min 17 s there, with five 13 min 7 s):
     #   - W8/S8 · 1 KV · uniform averaging (C5's run without a learned gate). With no gate to pick the record it

@@ -28,11 +28,20 @@ def profile_table(summary: dict) -> Table:
     return t
 
 
+def chance(summary: dict) -> float | None:
+    """The accuracy (%) of naming one of the prompts' value words at random, or None where the summary does not
+    count its word pools: what a mean must clear before its gap says anything."""
+    n_values = summary.get("provenance", {}).get("word_pools", {}).get("values")
+    return 100.0 / n_values if n_values else None
+
+
 def summary_line(summary: dict) -> str:
     per = summary["periodicity"]
     p = per.get("p_value")
     fold = summary.get("fold_consistency")
-    return (f"mean {summary['mean']:.1f} {_interval(summary.get('mean_ci'))} · worst {summary['worst']:.1f} · "
+    c = chance(summary)
+    return (f"mean {summary['mean']:.1f} {_interval(summary.get('mean_ci'))}"
+            f"{'' if c is None else f' (chance {c:.1f})'} · worst {summary['worst']:.1f} · "
             f"best {summary['best']:.1f} · gap {summary['gap']:.1f} {_interval(summary['gap_ci'])} points · "
             f"fold consistency {'-' if fold is None else f'{fold:.1f}'} · "
             f"period-{per.get('period')} test p = {'-' if p is None else f'{p:.4f}'} · "

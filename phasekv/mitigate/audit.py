@@ -25,7 +25,7 @@ from phasekv.eval.figure import GREY, Figure, Guide, Panel, Trace, to_png
 from phasekv.eval.models import EvalModel, model_ratios
 from phasekv.eval.protocols import for_model, protocol, retrieval_protocols
 from phasekv.eval.ratios import RatioPlan, plan_ratios, ratio_tests
-from phasekv.eval.report import length_warning
+from phasekv.eval.report import chance, length_warning
 from phasekv.eval.run import json_default, run_retrieval
 from phasekv.eval.stats import phase_profile
 from phasekv.io import write_json
@@ -107,8 +107,7 @@ def audit_verdict(runs: list[tuple[RatioPlan, dict, Path]], max_gap: float, unte
     above twice chance), and the verdict word and exit code."""
     (plan, summary, _), gaps = runs[0], [s["gap"] for _, s, _ in runs]
     v = verdict(summary, min(plan.ratios, default=None), max_gap)
-    n_values = summary.get("provenance", {}).get("word_pools", {}).get("values")
-    v["chance"] = 100.0 / n_values if n_values else None  # guessing among the value words
+    v["chance"] = chance(summary)  # guessing among the value words
     v["retrieves"] = v["chance"] is not None and v["mean_ci"][0] > 2 * v["chance"]
     v["near_chance"] = not v["retrieves"]
     v["ratios"] = [{**t, "evaluation": str(d), "gap": s["gap"], "gap_ci": s["gap_ci"], "per_group": p.per_group,

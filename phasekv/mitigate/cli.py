@@ -105,14 +105,14 @@ def repair_command(
                                            "architecture and training recipe, to this JSON file (what the demo's "
                                            "report cites: phasekv/demo/repair_seeds.json)."),
 ) -> None:
-    """Check every evaluated design against the repair's goals (issue 18): cache <= 1/4 of full attention with the
+    """Check every evaluated design against the repair's goals: cache <= 1/4 of full attention with the
     same KV heads, flat under both paddings (p > 0.05, period 1, gap interval overlapping full attention's), mean
     within 5 points of full attention's, train and decode steps <= 1.5x the unrepaired model's. A design (a name
     without its seed) is judged by its seeds: repaired only when it was trained at >= 8 seeds and every one of them
     meets every goal; the fraction that do is printed with its exact 95% interval, and the worst seed is named.
     Writes DIR/repair/goals.json, frontier.png and the two comparisons; `phasekv report DIR` shows them.
 
-    Example: phasekv repair runs/repair-study --unrepaired "W8/S4 · 1 KV"
+    Example: phasekv repair runs/repair-study/ --unrepaired "W8/S4 · 1 KV"
     """
     from phasekv.io import write_json
     from phasekv.mitigate.compare import Bench

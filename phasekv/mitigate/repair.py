@@ -1,4 +1,4 @@
-"""`phasekv repair DIR`: which compressed design has no weak phase at nearly the cost of compression (issue 18).
+"""`phasekv repair DIR`: which compressed design has no weak phase at nearly the cost of compression.
 
 Reads the lookup evaluations of a directory laid out as a study (`DIR/eval/lookup-<padding>/<alias>/`), compares
 the models under both paddings (`phasekv compare`: costs measured once, side by side), and checks every model
@@ -44,7 +44,7 @@ PADDINGS = ("prefix", "in-sequence")
 
 @dataclass(frozen=True)
 class Goals:
-    """The repair's acceptance thresholds (issue 18)."""
+    """The repair's acceptance thresholds."""
 
     max_cache: float = 0.25  # cache bytes / full attention's with the same KV heads
     max_cost: float = 1.5  # training and decode step / the unrepaired model's

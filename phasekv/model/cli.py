@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from phasekv import kernels
 from phasekv.attention.compressor import layer_grid
 from phasekv.config import BACKBONE_FIELDS, PRESETS, ModelConfig, parse_overrides
 from phasekv.errors import ConfigError
@@ -101,6 +102,10 @@ def register(app: typer.Typer) -> None:
         model = PhaseLM(cfg).eval()
         ids = torch.randint(0, cfg.vocab_size, (2, tokens + decode))
         console.print(f"[bold]{cfg.name}[/] ({cfg.alias}) · preset {preset} · {model.n_params:,} parameters")
+        t = time.perf_counter()
+        fused = kernels.extension() is not None  # a first build, or waiting on another process's, is not the forward's
+        console.print(f"fused CPU kernels: {'ready' if fused else 'off (references)'} after "
+                      f"{time.perf_counter() - t:.1f} s (load, build or lock wait)")
         with torch.no_grad():
             t = time.perf_counter()
             logits = model(ids)

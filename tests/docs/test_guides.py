@@ -4,7 +4,8 @@ A fenced block preceded by the line `<!-- runs -->` in README.md or a page under
 page in order in one scratch directory (a later block reads what an earlier one wrote), each command in this
 process through the `phasekv` command's own entry (no interpreter start per command). `<!-- runs: slow -->`
 marks a block too long for `make test`: `make test-slow` runs it. Every line of a marked block must be a
-`phasekv` command (comments and `\\` continuations allowed).
+`phasekv` command (comments and `\\` continuations allowed) or the set-up's activation, `source .venv/bin/activate`
+(which this process needs not: tests/docs/test_shell.py runs such a block in a shell).
 
 Tiny budgets: the options in TINY replace (or are added to) what a command says, where the command accepts
 them: fewer training steps, prompts and resamples; nothing else of the command changes. `phasekv audit`
@@ -43,6 +44,7 @@ TINY: dict[str, dict[str, str | None]] = {
     "compare": {},
 }
 VERDICT_CODES = {"audit": {0, 3, 4}}
+ACTIVATE = ["source", ".venv/bin/activate"]  # the set-up's environment on the shell's PATH (README: Two commands)
 
 
 def blocks(slow: bool) -> list[tuple[str, list[str]]]:
@@ -62,6 +64,8 @@ def commands(block: str) -> list[str]:
     lines, out = block.replace("\\\n", " ").splitlines(), []
     for line in lines:
         words = shlex.split(line, comments=True)
+        if words == ACTIVATE:
+            continue
         if words:
             assert words[0] == "phasekv", f"a marked block runs phasekv commands only: {line!r}"
             out.append(words[1:])
@@ -103,7 +107,8 @@ def tiny(group, args: list[str]) -> list[str]:
     return out
 
 
-def run_phasekv(args: list[str]) -> int:
+def phasekv_group():
+    """The `phasekv` command's click group, every room's commands mounted (once per process)."""
     import typer.main
 
     from phasekv import cli
@@ -111,7 +116,11 @@ def run_phasekv(args: list[str]) -> int:
     if not getattr(cli, "_docs_mounted", False):
         cli._mount()
         cli._docs_mounted = True
-    group = typer.main.get_command(cli.app)
+    return typer.main.get_command(cli.app)
+
+
+def run_phasekv(args: list[str]) -> int:
+    group = phasekv_group()
     argv = tiny(group, args)
     try:
         group.main(args=argv, prog_name="phasekv", standalone_mode=True)

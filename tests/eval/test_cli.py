@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,8 @@ def test_cli_lookup_writes_interface_files(model_dir, tmp_path):
     s = json.loads((out / "summary.json").read_text())
     assert s["protocol"] == "in-sequence" and s["modulus"] == 4 and s["stride"] == 4 and len(s["groups"]) == 4
     assert s["provenance"]["seed"] == 3 and "gap" in res.output
+    chance = 100 / s["provenance"]["word_pools"]["values"]  # the mean is read against naming a value at random
+    assert re.search(rf"mean [\d.]+ \[[\d., ]+\]\s+\(chance\s+{chance:.1f}\)", res.output), res.output
     rows = pd.read_parquet(out / "results.parquet")
     assert len(rows) == 64 and set(rows["residue"]) == {0, 1, 2, 3}
 
