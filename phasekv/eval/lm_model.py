@@ -7,7 +7,7 @@ cache), with the prompts tokenised by the same tokenizer. lm-eval 0.4.13 discove
 (no entry points, no plug-in path): its registry is filled in the process that runs it, so importing this
 module registers the type, and `phasekv lm-eval ARGS` runs lm-eval's own command line after that import.
 
-Model args: run (the model directory), tokenizer (a tokenizer file/dir instead of the model's),
+Model args: run (the model directory; or pretrained, which lm-eval also names its output folder after), tokenizer (a tokenizer file/dir instead of the model's),
 trust_remote_code; lm-eval's --device and --batch_size ("auto": 32 prompts per forward pass).
 Continuations are scored in one forward pass per batch of equal-length inputs; generation is greedy.
 """
@@ -18,6 +18,7 @@ import logging
 from itertools import groupby
 from pathlib import Path
 
+import lm_eval.models  # noqa: F401  lm-eval's own model types: it registers them only into an empty registry
 import torch
 import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
@@ -35,18 +36,20 @@ log = logging.getLogger("lm_eval")  # lm-eval's own log
 class PhaseKVLM(TemplateLM):
     """An `EvalModel` (`phasekv.eval.models.load`) behind lm-eval's model interface."""
 
-    def __init__(self, run: str, device: str | None = None, batch_size: int | str = AUTO_BATCH,
+    def __init__(self, run: str | None = None, pretrained: str | None = None, device: str | None = None, batch_size: int | str = AUTO_BATCH,
                  max_batch_size: int | None = None, tokenizer: str | None = None,
                  trust_remote_code: bool = False, **unused):
         super().__init__()
         if unused:
             raise ConfigError(f"--model_args: unknown argument(s) {', '.join(unused)} for --model phasekv "
-                              "(known: run, tokenizer, trust_remote_code)")
+                              "(known: run or pretrained, tokenizer, trust_remote_code)")
+        if (run is None) == (pretrained is None):
+            raise ConfigError("--model_args: give run=DIR (or pretrained=DIR), one of the two")
         device = resolve_device(device or "auto")
         if str(device).startswith("cuda") and not torch.cuda.is_available():  # lm_eval's default is cuda:0
             log.warning(f"--device {device}: CUDA is not available, running on the CPU")
             device = "cpu"
-        self.em = load(Path(run), device=device, trust_remote_code=trust_remote_code, tokenizer=tokenizer)
+        self.em = load(Path(run or pretrained), device=device, trust_remote_code=trust_remote_code, tokenizer=tokenizer)
         text = str(batch_size)
         self.batch = int(text) if text.isdigit() else AUTO_BATCH  # "auto", "auto:N"
         if self.batch < 1:
