@@ -201,9 +201,9 @@ def scored_model(results: dict, stride: int | None = None) -> EvalModel:
     else:
         args = config.get("model_args") or {}  # a dict (lm-eval 0.4.13), or the "k=v,k=v" string it was given
         args = dict(a.split("=", 1) for a in args.split(",") if "=" in a) if isinstance(args, str) else args
-        path = Path(str(args.get("pretrained", "")))
-        hf = config_json(path) if path.is_dir() else {}
-        name = f"{config.get('model', 'lm-eval')}:{path.name or config.get('model_name', '?')}"
+        path = Path(str(args["pretrained"])) if args.get("pretrained") else None
+        hf = config_json(path) if path is not None and path.is_dir() else {}
+        name = f"{config.get('model', 'lm-eval')}:{path.name if path else config.get('model_name', '?')}"
         info = {"path": str(path), **{k: v for k, v in evaluation_info(path).items() if v is not None},
                 "ratios": hf_ratios(hf)} if hf else {}
         s = hf_stride(hf) if hf else None
