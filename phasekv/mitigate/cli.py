@@ -232,4 +232,5 @@ def register(app: typer.Typer) -> None:
 def register_analyze(analyze: typer.Typer) -> None:
     """`phasekv analyze lm-eval`: on the analyses' sub-app, where it reads as an analysis (it gives a verdict, so
     it lives in this layer)."""
-    analyze.command("lm-eval")(analyze_lm_eval_command)
+    if not any(c.name == "lm-eval" for c in analyze.registered_commands):  # the sub-app outlives a re-mount
+        analyze.command("lm-eval")(analyze_lm_eval_command)
