@@ -52,6 +52,7 @@ def _mount() -> None:
     eval_cli.register(app)  # export
     train_cli.register(app)  # train, sweep, tokenizer
     mitigate_cli.register(app)  # compare, audit
+    mitigate_cli.register_analyze(analysis_cli.app)  # analyze lm-eval
 
 
 def main() -> None:

@@ -273,5 +273,62 @@ def export_command(
     console.print(f"wrote {out}/ (config.json with the evaluation metadata, model.safetensors, tokenizer files)")
 
 
+def export_tasks_command(
+    out: Path = typer.Argument(..., help="Directory for the tasks (TASK.yaml and TASK.jsonl each; files of the same "
+                               "names are replaced): `lm_eval --include_path DIR --tasks ...`."),
+    model: Path = typer.Option(..., "--model", help=MODEL_HELP + " Its tokenizer and training data decide "
+                               "the prompts."),
+    tasks: str = typer.Option("phasekv_lookup_prefix,phasekv_lookup_inseq,phasekv_needle", "--tasks",
+                              help="Comma-separated: phasekv_lookup_prefix, phasekv_lookup_inseq, phasekv_needle."),
+    context: int = typer.Option(None, help="Needle context tokens (default: what fits the model, as `phasekv "
+                                "audit` chooses)."),
+    per_group: int = typer.Option(None, "--per-group", help="Prompts per residue group (default: lookup 576, "
+                                  "needle 64)."),
+    modulus: int = typer.Option(None, help="Residue groups M (default: lookup 24, needle 8)."),
+    records: int = typer.Option(None, help="Records per prompt (default: as `phasekv eval` chooses for the model)."),
+    demos: int = typer.Option(None, help="Demonstrations before the target key."),
+    filler: int = typer.Option(None, help="Lookup filler tokens per prompt."),
+    mappings: int = typer.Option(None, help="Key-name mappings (bootstrap unit; default: lookup 32, needle 16)."),
+    seed: int = COMMON["seed"], tokenizer: Path = COMMON["tokenizer"],
+    trust_remote_code: bool = COMMON["trust_remote_code"],
+) -> None:
+    """Write phasekv's position-matched tests as lm-evaluation-harness tasks, their prompts token for token as
+    `phasekv eval` builds them for --model's tokenizer and training data (give the directory lm-eval will load,
+    or a run with the same tokenizer); scored by loglikelihood: acc is full-vocabulary top-1 of the answer token.
+    Example: phasekv export-tasks tasks/ --model runs/w8s8, then lm_eval --include_path tasks/ --tasks
+    phasekv_lookup_prefix --log_samples --output_path out/ and phasekv analyze lm-eval out/."""
+    from phasekv.eval.harness import export_tasks, task
+    from phasekv.eval.models import load
+
+    names = [task(t.strip()).name for t in tasks.split(",") if t.strip()]  # unknown names fail before the model loads
+    em = load(model, device="cpu", trust_remote_code=trust_remote_code, tokenizer=tokenizer)
+    metas = export_tasks(em, out, names, context=context, per_group=per_group, modulus=modulus, records=records,
+                         demos=demos, filler=filler, mappings=mappings, seed=seed)
+    for name, m in metas.items():
+        p = m["prompts"]
+        console.print(f"{name}: {p['n_prompts']:,} prompts of {p['length']:,} tokens, residues mod "
+                      f"{p['prompt_config']['modulus']}, {p['per_group']} per group")
+    console.print(f"wrote {out}/: {', '.join(f'{n}.yaml, {n}.jsonl' for n in metas)}")
+
+
+def lm_eval_command(ctx: typer.Context) -> None:
+    """Run lm-evaluation-harness's own command line (every option of `lm_eval`) with phasekv's model type
+    registered: `phasekv lm-eval --model phasekv --model_args run=DIR --include_path TASKS --tasks ...`.
+    lm-eval 0.4.13 finds no third-party model types by itself; this is `lm_eval` with them (the extra lm-eval)."""
+    import sys
+
+    try:
+        from lm_eval.__main__ import cli_evaluate
+
+        import phasekv.eval.lm_model  # noqa: F401  registers --model phasekv
+    except ImportError as exc:
+        raise ConfigError(f"lm-evaluation-harness is not installed ({exc}); pip install 'phasekv[lm-eval]'") from None
+    sys.argv = ["lm_eval", *ctx.args]
+    cli_evaluate()
+
+
 def register(app: typer.Typer) -> None:
     app.command("export")(export_command)
+    app.command("export-tasks")(export_tasks_command)
+    app.command("lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                             "help_option_names": []}, add_help_option=False)(lm_eval_command)

@@ -32,7 +32,7 @@ class EvalModel:
     model: torch.nn.Module
     tok: WordTokenizer
     name: str  # the paper name for phasekv models, the directory / model type for HF
-    kind: str  # "phasekv" | "hf" | "engine"
+    kind: str  # "phasekv" | "hf" | "engine" | "lm-eval" (scored by lm-eval elsewhere: a record without weights)
     stride: int | None  # compression stride S (None: full attention or unknown)
     info: dict = field(default_factory=dict)  # provenance: path, config; a phasekv run's recall data and train_len
 

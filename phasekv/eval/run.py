@@ -173,18 +173,21 @@ def run_retrieval(task: str, em: EvalModel, cfg: PromptConfig, out: str | Path, 
     rows = rows.drop_duplicates("pid").sort_values("pid").reset_index(drop=True).infer_objects()  # same dtypes resumed or not
     if len(rows) != len(prompts):
         raise ConfigError(f"{out}: {len(rows)} of {len(prompts)} prompts evaluated")
-    summary = write_run(out, rows, task, em, cfg, prompts, stride, interval, time.time() - t0, world, extra or {})
+    summary = write_run(out, rows, task, em, cfg, prompts.metadata(), stride, interval, time.time() - t0, world,
+                        extra or {})
     shutil.rmtree(part, ignore_errors=True)
     _barrier(world)
     return summary
 
 
-def write_run(out: Path, rows: pd.DataFrame, task: str, em: EvalModel, cfg: PromptConfig, prompts: RetrievalPrompts,
+def write_run(out: Path, rows: pd.DataFrame, task: str, em: EvalModel, cfg: PromptConfig, meta: dict,
               stride: int | None, interval: str, seconds: float, world: int, extra: dict) -> dict:
+    """results.parquet, summary.json and the protocol's figure of scored rows (COLUMNS) of the prompts `cfg`
+    (`meta`: their `RetrievalPrompts.metadata()`); returns the summary. `em` says which model scored them (for
+    rows scored elsewhere, as lm-eval's read back, a record of it without weights)."""
     rows = rows.astype({"correct": bool, "prob": float})
     s = summarize(rows["residue"], rows["mapping"], rows["correct"], cfg.modulus, stride, interval=interval,
                   seed=cfg.seed)
-    meta = prompts.metadata()
     achieved = _achieved_moments(rows, cfg.modulus)
     summary = {
         "task": task, "model": em.name, "model_kind": em.kind, "protocol": cfg.padding, "modulus": cfg.modulus,
@@ -197,7 +200,7 @@ def write_run(out: Path, rows: pd.DataFrame, task: str, em: EvalModel, cfg: Prom
         "ratios": ratio_tests({"groups": s.groups}, model_ratios(em), seed=cfg.seed),  # every ratio dividing M
         "ratios_untested": sorted(r for r in model_ratios(em) if cfg.modulus % r),  # audit plans these
         "provenance": {"seed": cfg.seed, "prompt_config": cfg.to_dict(), "model_info": em.info,
-                       "tokenizer": em.tok.name, "word_pools": meta["word_pools"], "words": meta["words"],
+                       "tokenizer": meta["tokenizer"], "word_pools": meta["word_pools"], "words": meta["words"],
                        "world_size": world, "seconds": round(seconds, 2), "versions": versions(), **extra},
     }
     out.mkdir(parents=True, exist_ok=True)

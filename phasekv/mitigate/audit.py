@@ -22,6 +22,7 @@ import numpy as np
 
 from phasekv.errors import ConfigError
 from phasekv.eval.figure import GREY, Figure, Guide, Panel, Trace, to_png
+from phasekv.eval.harness import Scored, summarize_scored
 from phasekv.eval.models import EvalModel, model_ratios
 from phasekv.eval.protocols import for_model, protocol, retrieval_protocols
 from phasekv.eval.ratios import RatioPlan, plan_ratios, ratio_tests
@@ -93,8 +94,36 @@ def run_audit(em: EvalModel, out: Path, stride: int | None = None, max_gap: floa
         s = min([r for r in plan.ratios if r < plan.modulus], default=None)  # the evaluation's own period test
         runs.append((plan, run_retrieval(proto.name, em, plan.config(cfg), sub, batch_size=batch_size,
                                          interval=interval or proto.interval, stride=s, progress=progress), sub))
-    v = audit_verdict(runs, max_gap, [p for p in plans if p.modulus is None])
-    v.update(model=em.name, task=proto.name, evaluation=str(runs[0][2]))
+    return _write_audit(runs, max_gap, [p for p in plans if p.modulus is None], em.name, proto.name, out)
+
+
+def audit_scored(s: Scored, out: Path, max_gap: float = 10.0, stride: int | None = None) -> dict:
+    """The audit of a task lm-eval scored (`phasekv.eval.harness.read_samples`): its evaluation in OUT/PROTOCOL/
+    as `phasekv eval` writes it, then the verdict, OUT/audit.json and OUT/audit.png as `run_audit` writes them.
+    The task's residues are fixed at export: the ratios that divide its modulus are tested, the others are
+    listed as untested (export the tasks with a --modulus they divide). `stride` replaces the model's ratios."""
+    if max_gap < 0:
+        raise ConfigError(f"--max-gap {max_gap} must be >= 0 (points)")
+    cfg, out = s.config, Path(out)
+    M = cfg.modulus
+    ratios = {stride: ["--stride"]} if stride else model_ratios(s.model)
+    tested = {r: t for r, t in ratios.items() if M % r == 0}
+    period = min([r for r in tested if r < M], default=None)  # the evaluation's own period test
+    plan = RatioPlan(period, M, None, cfg.keep_n, "period" if period else "gap" if tested else None,
+                     f"residues mod {M}, the exported task's own", ratios=tested)
+    untested = [RatioPlan(r, None, None, False, None, f"the exported task's residues mod {M} cannot test "
+                          f"period {r}: export the tasks with --modulus a multiple of {r}", ratios={r: t})
+                for r, t in ratios.items() if M % r]
+    proto = s.meta["task"]
+    summary = summarize_scored(s, out / proto, period)
+    return _write_audit([(plan, summary, out / proto)], max_gap, untested, s.model.name, proto, out)
+
+
+def _write_audit(runs: list[tuple[RatioPlan, dict, Path]], max_gap: float, untested: list[RatioPlan], model: str,
+                 task: str, out: Path) -> dict:
+    """The verdict of an audit's evaluations (`audit_verdict`), written to OUT/audit.json and OUT/audit.png."""
+    v = audit_verdict(runs, max_gap, untested)
+    v.update(model=model, task=task, evaluation=str(runs[0][2]))
     to_png(audit_figure(runs[0][1], v), out / "audit.png")
     write_json(out / "audit.json", v, default=json_default)
     return v

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import json
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
+from phasekv.errors import ConfigError
 from phasekv.eval.cli import ENGINE, PRESS, model_from_flags
 
 console = Console()
@@ -71,16 +73,23 @@ def audit_command(
     tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
     press: str = PRESS,
+    lm_eval: Path = typer.Option(None, "--lm-eval", help="Audit what lm-evaluation-harness scored instead of a "
+                                 "model: the --output_path of `lm_eval ... --log_samples` over the tasks of `phasekv "
+                                 "export-tasks` (--task picks the task: auto, lookup (prefix padding) or needle)."),
 ) -> None:
     """Phase audit in one command: retrieval by residue for every compression ratio, periodicity, verdict,
     figure, so it can gate a model release in CI. Exit codes (audit.json "verdict"): 0 pass: the model retrieves
     (mean accuracy's 95% interval above twice chance) and every gap is below --max-gap; 3 fail: a gap is at or
     above --max-gap; 4 inconclusive: the model does not retrieve well enough for the gap to mean anything.
 
-    Example: phasekv audit --model runs/w8s8 --stride 8 --max-gap 10
+    Example: phasekv audit --model runs/w8s8 --stride 8 --max-gap 10; phasekv audit --lm-eval lm-eval-out/
     """
     from phasekv.mitigate.audit import print_verdict, run_audit
 
+    if lm_eval is not None:
+        if model is not None or server is not None:
+            raise ConfigError("--lm-eval audits an lm-eval output directory: give it without --model/--server")
+        _audit_lm_eval(lm_eval, out, task, stride, max_gap)
     em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer, press)
     out = out or Path(f"audit-{Path(model).resolve().name if model else served_model}")
     v = run_audit(em, out, stride=stride, max_gap=max_gap, task=task, per_group=per_group, modulus=modulus,
@@ -88,6 +97,50 @@ def audit_command(
     print_verdict(v, console)
     console.print(f"wrote {out}/audit.json, audit.png, {v['task']}/ · exit code {v['exit_code']}")
     raise typer.Exit(v["exit_code"])
+
+
+def _audit_lm_eval(output: Path, out: Path | None, task: str, stride: int | None, max_gap: float) -> None:
+    """`phasekv audit --lm-eval OUTPUT`: the verdict of one phasekv task lm-eval scored; exits with its code."""
+    from phasekv.eval.harness import TASKS, read_samples
+    from phasekv.mitigate.audit import audit_scored, print_verdict
+
+    scored = {s.name: s for s in read_samples(output, stride)}
+    wanted = {"auto": list(TASKS), "lookup": ["phasekv_lookup_prefix"], "needle": ["phasekv_needle"]}.get(task)
+    if wanted is None:
+        raise ConfigError(f"--task must be auto, lookup or needle, got {task!r}")
+    name = next((n for n in wanted if n in scored), None)
+    if name is None:
+        raise ConfigError(f"{output}: no samples of {' or '.join(wanted)} (found {', '.join(scored)})")
+    out = out or Path(f"audit-{output.resolve().name}")
+    v = audit_scored(scored[name], out, max_gap, stride)
+    print_verdict(v, console)
+    console.print(f"wrote {out}/audit.json, audit.png, {v['task']}/ · exit code {v['exit_code']}")
+    raise typer.Exit(v["exit_code"])
+
+
+def analyze_lm_eval_command(
+    output: Path = typer.Argument(..., help="The --output_path of `lm_eval ... --log_samples` over the tasks of "
+                                  "`phasekv export-tasks` (any backend: hf, vllm, local-completions, phasekv)."),
+    out: Path = typer.Option(None, "--out", help="Output directory: one evaluation and audit per task, OUT/TASK/ "
+                             "(default: OUTPUT/phasekv)."),
+    stride: int = typer.Option(None, help="Stride S of the period tests (default: every compression ratio of the "
+                               "model lm-eval ran, as far as its results say)."),
+    max_gap: float = typer.Option(10.0, "--max-gap", help="Gap threshold in points of the verdict."),
+) -> None:
+    """Read lm-eval's per-sample log of phasekv's tasks back: per task the residue profile with intervals, the gap,
+    the periodicity test and detected period as `phasekv eval` prints them, and the verdict and figure of
+    `phasekv audit` (OUT/TASK/audit.json, audit.png, and the evaluation beside them)."""
+    from phasekv.eval.harness import read_samples
+    from phasekv.eval.report import print_summary
+    from phasekv.mitigate.audit import audit_scored, print_verdict
+
+    out = out or output / "phasekv"
+    for s in read_samples(output, stride):
+        v = audit_scored(s, out / s.name, max_gap, stride)
+        console.rule(f"{s.name} · {s.samples.name}")
+        print_summary(json.loads((Path(v["evaluation"]) / "summary.json").read_text()), console)
+        print_verdict(v, console)
+    console.print(f"wrote {out}/: per task audit.json, audit.png and its evaluation")
 
 
 def repair_command(
@@ -174,3 +227,10 @@ def register(app: typer.Typer) -> None:
     app.command("compare")(compare_command)
     app.command("repair")(repair_command)
     app.command("audit")(audit_command)
+
+
+def register_analyze(analyze: typer.Typer) -> None:
+    """`phasekv analyze lm-eval`: on the analyses' sub-app, where it reads as an analysis (it gives a verdict, so
+    it lives in this layer)."""
+    if not any(c.name == "lm-eval" for c in analyze.registered_commands):  # the sub-app outlives a re-mount
+        analyze.command("lm-eval")(analyze_lm_eval_command)
