@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import time
 from pathlib import Path
@@ -28,7 +29,8 @@ from phasekv.errors import ConfigError, PhaseKVError
 from phasekv.eval.protocols import LOOKUP, PROTOCOLS
 from phasekv.io import write_json
 from phasekv.report.layout import THEORY_CHECKS, Layout, done
-from phasekv.study import Lock, Task, console, makespan, run_tasks
+from phasekv.study import Lock, Task, console, makespan, run_tasks, slurm
+from phasekv.study.slurm import SlurmOptions
 
 
 def _last_step(run_dir: Path) -> int:
@@ -47,7 +49,8 @@ def _last_step(run_dir: Path) -> int:
     return 0
 
 
-def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
+def build_tasks(root: Path, plan: DemoPlan, device: str = "cpu") -> list[Task]:
+    """The plan's task graph in `root`, every model's training, evaluations and analyses on `device`."""
     lay, p = Layout(root), plan.to_dict()
     cfgs = {ModelConfig.from_name(m, preset=plan.preset).alias: ModelConfig.from_name(m, preset=plan.preset)
             for m in plan.models}
@@ -62,7 +65,7 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
                           lambda run=lay.run(alias): (run / "done.json").is_file(),
                           [f"train {ModelConfig.from_name(source, preset=plan.preset).alias}"] if source else [],
                           steps=lambda run=lay.run(alias), n=plan.steps_of(cfg.name): (_last_step(run), n),
-                          units=plan.steps_of(cfg.name)))
+                          units=plan.steps_of(cfg.name), parallel=True))
         for proto, padding in ((q, v) for q in PROTOCOLS.values() if q.retrieval for v in q.study):
             out = lay.evaluation(proto.stage(padding)) / alias
             tasks.append(Task(f"{proto.task(padding)} {alias}", stages.retrieval,
@@ -102,6 +105,8 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
     tasks.append(Task("example prompts", stages.examples,
                       {"plan": p, "root": str(root), "aliases": list(cfgs), "tokenizer_run": str(lay.run(next(iter(cfgs))))},
                       lambda: lay.examples.is_file(), lookups))
+    for t in (t for t in tasks if t.fn in stages.ON_DEVICE):
+        t.kwargs["device"] = device
     return tasks
 
 
@@ -218,54 +223,68 @@ def _write_manifest(root: Path, manifest: dict) -> None:
     write_json(Layout(root).manifest, manifest, indent=1, default=str)
 
 
-def run_demo(out: str | os.PathLike = "demo_out", quick: bool = False, jobs: int | None = None,
-             progress: bool = True, report: bool = True, rerun: list[str] = ()) -> dict:
-    """Run (or resume) the demo into `out`, then render `out/report/index.html`; returns the manifest. `rerun`:
-    models whose training and everything computed from it are discarded and run again (`run_plan`)."""
-    return run_plan(out, plan_for(quick), jobs, progress, report, rerun)
+def run_demo(out: str | os.PathLike = "demo_out", quick: bool = False, **runtime) -> dict:
+    """Run (or resume) the demo into `out`, then render `out/report/index.html`; returns the manifest. `runtime`:
+    `run_plan`'s options (jobs, progress, report, rerun, device, cluster)."""
+    return run_plan(out, plan_for(quick), **runtime)
 
 
 def run_study(out: str | os.PathLike = "study_out", quick: bool = False, preset: str = STUDY_PRESET,
-              jobs: int | None = None, progress: bool = True, report: bool = True, rerun: list[str] = ()) -> dict:
-    """Run (or resume) the whole study (the paper's grid at `preset`) into `out`, then its report; `rerun` as in
-    `run_plan`."""
-    return run_plan(out, study_plan(quick, preset), jobs, progress, report, rerun)
+              **runtime) -> dict:
+    """Run (or resume) the whole study (the paper's grid at `preset`) into `out`, then its report; `runtime` as in
+    `run_demo`."""
+    return run_plan(out, study_plan(quick, preset), **runtime)
 
 
-def run_family(out: str | os.PathLike = "family_out", quick: bool = False, jobs: int | None = None,
-               progress: bool = True, report: bool = True, rerun: list[str] = ()) -> dict:
+def run_family(out: str | os.PathLike = "family_out", quick: bool = False, **runtime) -> dict:
     """Run (or resume) the grid family (`family_plan`: NSA, MoBA, Activation Beacon beside full attention and
-    W8/S4 · 1 KV at the demo's scale and recipe) into `out`, then its report (a section "The family"); `rerun` as
-    in `run_plan`."""
-    return run_plan(out, family_plan(quick), jobs, progress, report, rerun)
+    W8/S4 · 1 KV at the demo's scale and recipe) into `out`, then its report (a section "The family"); `runtime` as
+    in `run_demo`."""
+    return run_plan(out, family_plan(quick), **runtime)
+
+
+def check_device(device: str, local: bool) -> None:
+    """`--device`: cpu, cuda or cuda:N; a CUDA device must exist here when the tasks run here (`local`)."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ConfigError(f"--device {device!r} must be cpu, cuda or cuda:N")
+    if local and device != "cpu" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: no CUDA device on this machine")
 
 
 def run_plan(out: str | os.PathLike, plan: DemoPlan, jobs: int | None = None, progress: bool = True,
-             report: bool = True, rerun: list[str] = ()) -> dict:
+             report: bool = True, rerun: list[str] = (), device: str = "cpu",
+             cluster: SlurmOptions | None = None) -> dict:
     """Run (or resume) `plan` into `out`, then render `out/report/index.html`; returns the manifest. `rerun`: models
     (paper names or aliases) to run again: their trainings and everything computed from them are discarded first
     (`discard`), every other result is kept, and their own settings (`per_model`) may differ from the directory's;
-    recorded in the manifest ("reruns")."""
+    recorded in the manifest ("reruns"). `device`: where each model is trained, evaluated and analysed. `cluster`:
+    each task a SLURM job with these options (`phasekv.study.slurm`) instead of the local pool; without
+    `cluster.wait` it returns once every task is queued (the report comes with a later run, once they are done)."""
     for m in plan.models:  # every model is valid at the plan's backbone before anything runs
         ModelConfig.from_name(m, preset=plan.preset)
     rerun = rerun_names(plan, list(rerun))
     root = Path(out)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"--out {root} exists and is not a directory")
+    check_device(device, local=cluster is None)
+    if cluster is not None:
+        slurm.check(cluster, root, device)  # before anything is written or submitted
     root.mkdir(parents=True, exist_ok=True)
     jobs = jobs or min(2, os.cpu_count() or 1)
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     with Lock(root):
-        return _run(root, plan, jobs, progress, report, rerun)
+        return _run(root, plan, jobs, progress, report, rerun, device, cluster)
 
 
-def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool, rerun: list[str] = ()) -> dict:
+def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool, rerun: list[str] = (),
+         device: str = "cpu", cluster: SlurmOptions | None = None) -> dict:
     manifest = _manifest(root, plan, jobs, rerun)
     _write_manifest(root, manifest)
-    tasks = build_tasks(root, plan)
+    tasks = build_tasks(root, plan, device)
+    where = "a SLURM job per task" if cluster else f"{jobs} worker(s)"
     console.print(f"[bold]phasekv {plan.kind}[/] ({plan.mode}): {len(plan.models)} models at the {plan.preset} preset, "
-                  f"{plan.steps_text()}, {jobs} worker(s) -> {root}")
+                  f"{plan.steps_text()}, on {device}, {where} -> {root}")
     t0, load0 = time.time(), os.getloadavg()[0]
     timings = dict(manifest.get("tasks", {}))
     ran = []
@@ -275,8 +294,16 @@ def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool, re
         ran.append(name)
         _write_manifest(root, {**manifest, "tasks": timings})
 
+    executor = slurm.SlurmExecutor(root, cluster, plan.kind) if cluster else None
     failed = run_tasks(tasks, jobs, progress, record, plan.kind,
-                       took={k: v["wall_s"] for k, v in timings.items() if isinstance(v, dict)})
+                       took={k: v["wall_s"] for k, v in timings.items() if isinstance(v, dict)}, executor=executor)
+    if cluster and not failed and not all(t.is_done() for t in tasks):  # queued, and the driver leaves
+        manifest.update(tasks=timings, failed={})
+        _write_manifest(root, manifest)
+        console.print(f"{plan.kind}: every task is queued on SLURM (OUT/jobs.json); `phasekv study status {root}` "
+                      "shows where each stands; run this command again once they are done for the report (or with "
+                      "--wait to stay until then)")
+        return manifest
 
     def finish(wall: float) -> None:
         if ran or not manifest.get("invocations"):
