@@ -1,11 +1,12 @@
-"""`phasekv demo` and `phasekv study`: a plan (`phasekv.demo.plan`) end to end on a CPU, resumable, with
-progress, then the report. The demo runs four models (the last: the repair); the study, the paper's whole grid.
+"""`phasekv demo` and `phasekv study`: a plan (`phasekv.demo.plan`) end to end, resumable, with progress, then the
+report. The demo runs four models (the last: the repair); the study, the paper's whole grid.
 
 The work is a small graph of tasks (train each model; lookup under both paddings; flip; knockouts; gate
-statistics after the knockouts; gate cycling; theory checks; example prompts). A task whose outputs exist
-is skipped, so re-running continues where an interrupted demo stopped (training resumes from its latest
-checkpoint, evaluations from their partial results). Tasks run in `jobs` worker processes with one torch
-thread each; the longest ones are submitted first.
+statistics after the knockouts; gate cycling; theory checks; example prompts), built here from the plan and run by
+`phasekv.study` (its driver and executors). A task whose outputs exist is skipped, so re-running continues where an
+interrupted demo stopped (training resumes from its latest checkpoint, evaluations from their partial results).
+Tasks run in `jobs` worker processes with one torch thread each (or, `cluster`, as SLURM jobs); the longest ones
+are submitted first.
 """
 
 from __future__ import annotations
@@ -279,7 +280,7 @@ def run_plan(out: str | os.PathLike, plan: DemoPlan, jobs: int | None = None, pr
 
 def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool, rerun: list[str] = (),
          device: str = "cpu", cluster: SlurmOptions | None = None) -> dict:
-    manifest = _manifest(root, plan, jobs, rerun)
+    manifest = _manifest(root, plan, jobs, rerun) | {"device": device, "executor": "slurm" if cluster else "local"}
     _write_manifest(root, manifest)
     tasks = build_tasks(root, plan, device)
     where = "a SLURM job per task" if cluster else f"{jobs} worker(s)"

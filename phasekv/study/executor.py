@@ -49,6 +49,11 @@ class Executor:
         waits for it instead of submitting the task again."""
         return None
 
+    def seconds(self, handle: Handle, submitted: float) -> float:
+        """Wall-clock seconds a finished task took (what the time-left estimate prices): here, since it was
+        submitted (a pool submits a task when a worker is free)."""
+        return time.time() - submitted
+
     def cancel(self, handle: Handle) -> None:
         """Withdraw a submitted task whose inputs failed (a scheduler's queued job); a local pool never submits one."""
 

@@ -160,13 +160,13 @@ def run_tasks(tasks: list[Task], jobs: int, progress: bool, record: Callable[[st
                 t = r.task
                 if r.row is not None:
                     bar.remove_task(r.row)
-                secs = time.time() - r.t0
                 try:
                     result, cpu = h.result()
+                    secs = executor.seconds(h, r.t0)
                     cpu = _full_cost(result, cpu)
                 except Exception as exc:  # a failed task is reported; independent tasks continue
                     failed[t.name] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-                    console.print(f"[red]✗ {t.name}[/] ({secs:.0f} s): {failed[t.name]}")
+                    console.print(f"[red]✗ {t.name}[/] ({time.time() - r.t0:.0f} s): {failed[t.name]}")
                     continue
                 finished.add(t.name)
                 record(t.name, secs, cpu)

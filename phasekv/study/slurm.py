@@ -145,7 +145,9 @@ class TaskJob:
             from submitit.helpers import TorchDistributedEnvironment
 
             TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-        return timed(fn, kwargs)
+        t0 = time.time()
+        result, cpu = timed(fn, kwargs)
+        return result, cpu, time.time() - t0  # the job's own wall-clock time, without its wait in the queue
 
     def checkpoint(self, fn, kwargs: dict):
         from submitit.helpers import DelayedSubmission
@@ -159,6 +161,7 @@ class SlurmHandle:
     def __init__(self, job_id: str, folder: Path):
         self.job_id, self.folder = job_id, Path(folder)
         self.gone = False  # SLURM no longer holds it as queued or running
+        self.seconds = 0.0  # wall-clock seconds it ran (known with its result)
 
     def done(self) -> bool:
         return self.gone or (self.folder / f"{self.job_id}_0_result.pkl").is_file()
@@ -170,7 +173,8 @@ class SlurmHandle:
             raise RuntimeError(f"job {self.job_id} ended without a result; its log ({self.folder}): "
                                f"{log_tail(self.folder, self.job_id, 3)}")
         try:
-            return submitit.SlurmJob(folder=self.folder, job_id=self.job_id, tasks=[0]).result()
+            result, cpu, self.seconds = submitit.SlurmJob(folder=self.folder, job_id=self.job_id, tasks=[0]).result()
+            return result, cpu
         except submitit.core.utils.FailedJobError as exc:  # the task's own error: its traceback's last line
             parts = str(exc).split("-" * 22)
             trace = [line for line in (parts[1] if len(parts) > 2 else str(exc)).splitlines() if line.strip()]
@@ -219,6 +223,9 @@ class SlurmExecutor(Executor):
         if not done:
             time.sleep(timeout)
         return done
+
+    def seconds(self, handle: SlurmHandle, submitted: float) -> float:
+        return handle.seconds
 
     def cancel(self, handle: SlurmHandle) -> None:
         subprocess.run(["scancel", handle.job_id], capture_output=True, timeout=60)
