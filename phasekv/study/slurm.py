@@ -193,6 +193,7 @@ class SlurmExecutor(Executor):
 
         self.submitit, self.root, self.options, self.label = submitit, Path(root), options, label
         self.book, self.waits, self.last_poll = JobBook(self.root), options.wait, 0.0
+        self.live: dict | None = None  # {task: its job's record} of the jobs an earlier driver left queued or running
 
     def submit(self, task, after: list[SlurmHandle]) -> SlurmHandle:
         folder = self.root / "slurm" / slug(task.name)
@@ -201,15 +202,20 @@ class SlurmExecutor(Executor):
         if after:
             params["dependency"] = "afterok:" + ":".join(h.job_id for h in after)
         ex.update_parameters(job_name=f"{self.label}-{slug(task.name)}", **params)
-        job = ex.submit(TaskJob(), task.fn, task.kwargs)
+        try:
+            job = ex.submit(TaskJob(), task.fn, task.kwargs)
+        except self.submitit.core.utils.FailedJobError as exc:  # sbatch refused the job (its resources, say)
+            raise ConfigError(f"SLURM refused the job of {task.name!r}: {' '.join(str(exc).split())}") from None
         self.book.record(task.name, job.job_id, folder)
         return SlurmHandle(job.job_id, folder)
 
     def attach(self, task) -> SlurmHandle | None:
-        rec = self.book.read().get(task.name)
-        if rec is None or queue([rec["job_id"]]).get(rec["job_id"], {}).get("state") not in LIVE:
-            return None
-        return SlurmHandle(rec["job_id"], rec["folder"])
+        if self.live is None:  # the recorded jobs SLURM still queues or runs, read once (one `squeue`)
+            book = self.book.read()
+            known = queue([r["job_id"] for r in book.values()])
+            self.live = {t: r for t, r in book.items() if known.get(r["job_id"], {}).get("state") in LIVE}
+        rec = self.live.get(task.name)
+        return SlurmHandle(rec["job_id"], rec["folder"]) if rec else None
 
     def wait(self, handles: list[SlurmHandle], timeout: float) -> list[SlurmHandle]:
         """Results appear as files; SLURM's queue is read every POLL_S seconds for jobs that ended without one."""

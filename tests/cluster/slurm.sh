@@ -4,7 +4,8 @@
 #                                     DIR/slurm.conf (cores and memory from this machine), start munged (if none
 #                                     runs), slurmctld and slurmd; prints `export SLURM_CONF=DIR/slurm.conf`
 #   tests/cluster/slurm.sh down DIR   stop the daemons it started, by their pid files
-# Every SLURM command reads the configuration from $SLURM_CONF, so nothing under /etc/slurm is touched.
+# Every SLURM command reads the configuration from $SLURM_CONF, so nothing under /etc/slurm is touched. Its daemons
+# listen on $SLURM_TEST_PORT and the port after it (default 6817, SLURM's own): another port lets a second one run.
 set -euo pipefail
 cmd=${1:?usage: slurm.sh up|down DIR}
 dir=$(realpath -m "${2:?usage: slurm.sh up|down DIR}")
@@ -37,11 +38,14 @@ mkdir -p "$dir/state" "$dir/spool"
 host=$(hostname -s)
 cpus=$(nproc)
 mem_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 * 8 / 10 ))  # 80% of it for jobs
+port=${SLURM_TEST_PORT:-6817}
 cat > "$dir/slurm.conf" <<CONF
 ClusterName=phasekv
 SlurmctldHost=$host
 SlurmUser=root
 SlurmdUser=root
+SlurmctldPort=$port
+SlurmdPort=$((port + 1))
 AuthType=auth/munge
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none

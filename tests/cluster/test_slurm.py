@@ -58,11 +58,17 @@ def test_plan_on_slurm_equals_local(slurm, tmp_path):
     t0 = time.time()
     run_plan(local, PLAN, progress=False, report=False)
     t1 = time.time()
-    run_plan(cluster, PLAN, progress=True, report=False, cluster=SlurmOptions(wait=True, time=20))
+    run_plan(cluster, PLAN, progress=False, report=False, cluster=SlurmOptions(time=20))  # queue the graph, leave
+    queued = json.loads((cluster / "jobs.json").read_text())
+    tasks = build_tasks(cluster, PLAN)
+    assert set(queued) == {t.name for t in tasks}  # every task a job, queued at once (afterok on its inputs)
+    code, out, err = run_cli("study", "status", cluster)
+    assert code == 0 and "queued" in out, out + err
+    print(f"[cluster] queued {len(queued)} jobs in {time.time() - t1:.0f} s; status:\n{out}")
+    run_plan(cluster, PLAN, progress=True, report=False, cluster=SlurmOptions(wait=True, time=20))  # a new driver
     print(f"[cluster] local pool {t1 - t0:.0f} s, SLURM {time.time() - t1:.0f} s")
     jobs = json.loads((cluster / "jobs.json").read_text())
-    tasks = build_tasks(cluster, PLAN)
-    assert set(jobs) == {t.name for t in tasks}  # every task ran as a job
+    assert jobs == queued  # the second driver waited for the queued jobs: nothing was submitted twice
     for name, rec in jobs.items():
         folder = Path(rec["folder"])
         assert folder.parent == cluster / "slurm" and (folder / f"{rec['job_id']}_0_log.out").is_file(), name

@@ -194,3 +194,26 @@ def test_sweep_lines_for_slurm_need_no_master_addr_and_no_gpu(tmp_path):
     assert "--gpus-per-node 2" in out
     (task,) = sweep.sweep_tasks(sweep.load_sweep(f), progress=False)
     assert task.name == "train w8s8-1kv" and task.parallel and task.fn is sweep.train_run and not task.is_done()
+
+
+def test_device_is_checked_before_anything_runs(tmp_path):
+    code, out, err = run_cli("demo", "--quick", "--device", "tpu", "--out", tmp_path / "d")
+    assert code == 2 and "--device 'tpu' must be cpu, cuda or cuda:N" in err and not (tmp_path / "d").exists()
+    import torch
+
+    if not torch.cuda.is_available():
+        code, out, err = run_cli("demo", "--quick", "--device", "cuda", "--out", tmp_path / "d")
+        assert code == 2 and "--device cuda: no CUDA device on this machine" in err and not (tmp_path / "d").exists()
+
+
+def test_every_model_stage_gets_the_device(tmp_path):
+    from phasekv.demo import stages
+    from phasekv.demo.plan import plan_for
+    from phasekv.demo.runner import build_tasks
+
+    tasks = build_tasks(tmp_path, plan_for(quick=True), device="cuda:1")
+    on = [t for t in tasks if t.fn in stages.ON_DEVICE]
+    assert {t.fn for t in on} == stages.ON_DEVICE - {stages.family}  # the family stage: --family plans only
+    assert all(t.kwargs["device"] == "cuda:1" for t in on)
+    assert all("device" not in t.kwargs for t in tasks if t.fn not in stages.ON_DEVICE)
+    assert stages.train_config(plan_for(quick=True), "W8/S8 · 1 KV", str(tmp_path), "cuda:1").device == "cuda:1"
