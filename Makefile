@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # GPU users: make TORCH_SPEC="torch==2.13.0 --index-url ..." test
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup dev demo study test test-slow test-lm-eval test-engine engine-venv test-kvpress kvpress-venv bench lint docs clean
+.PHONY: setup dev demo study test test-slow test-lm-eval test-cluster test-engine engine-venv test-kvpress kvpress-venv bench lint docs clean
 
 # pip byte-compiles every file it installs, one at a time (~60 s here). The demo's set-up compiles nothing ahead:
 # Python compiles what the demo imports (~1,800 of the ~10,800 installed files) on first import, ~2-3 s once
@@ -60,6 +60,10 @@ test-slow: dev
 test-lm-eval: dev
 	$(BIN)/pip install -q --no-compile -e '.[lm-eval]'
 	$(BIN)/python -m pytest -q -m lm_eval tests/eval
+
+# A real one-node SLURM (tests/cluster/slurm.sh: Debian's slurmctld, slurmd and munge, installed when missing; as root)
+test-cluster: dev
+	$(BIN)/python -m pytest -q -s -m cluster tests/cluster
 
 # The real-engine test (tests/engine): vLLM's CPU build in its own environment, since it pins torch==2.13.0+cpu
 # and transformers<5.20. Its media packages (torchvision, torchaudio, torchcodec: CUDA builds on PyPI that fail to

@@ -1,30 +1,25 @@
-"""`phasekv demo` and `phasekv study`: a plan (`phasekv.demo.plan`) end to end on a CPU, resumable, with
-progress, then the report. The demo runs four models (the last: the repair); the study, the paper's whole grid.
+"""`phasekv demo` and `phasekv study`: a plan (`phasekv.demo.plan`) end to end, resumable, with progress, then the
+report. The demo runs four models (the last: the repair); the study, the paper's whole grid.
 
 The work is a small graph of tasks (train each model; lookup under both paddings; flip; knockouts; gate
-statistics after the knockouts; gate cycling; theory checks; example prompts). A task whose outputs exist
-is skipped, so re-running continues where an interrupted demo stopped (training resumes from its latest
-checkpoint, evaluations from their partial results). Tasks run in `jobs` worker processes with one torch
-thread each; the longest ones are submitted first.
+statistics after the knockouts; gate cycling; theory checks; example prompts), built here from the plan and run by
+`phasekv.study` (its driver and executors). A task whose outputs exist is skipped, so re-running continues where an
+interrupted demo stopped (training resumes from its latest checkpoint, evaluations from their partial results).
+Tasks run in `jobs` worker processes with one torch thread each (or, `cluster`, as SLURM jobs); the longest ones
+are submitted first.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import multiprocessing as mp
 import os
 import platform
+import re
 import shutil
 import time
-from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from phasekv import __version__
 from phasekv.attention.compressor import cyclable
@@ -34,98 +29,9 @@ from phasekv.demo.plan import STUDY_PRESET, DemoPlan, family_plan, plan_for, stu
 from phasekv.errors import ConfigError, PhaseKVError
 from phasekv.eval.protocols import LOOKUP, PROTOCOLS
 from phasekv.io import write_json
-from phasekv.progress import Progress, duration
 from phasekv.report.layout import THEORY_CHECKS, Layout, done
-
-console = Console()
-
-
-@dataclass
-class Task:
-    name: str  # e.g. "train w8s8-1kv"
-    fn: Callable  # a function of phasekv.demo.stages (picklable: module level)
-    kwargs: dict
-    is_done: Callable[[], bool]  # outputs complete?
-    after: list[str] = field(default_factory=list)  # tasks that must finish first
-    steps: Callable[[], tuple[int, int]] | None = None  # (done, total) for a live progress bar
-    units: float = 1.0  # work in its kind's unit, what the time-left estimate prices (a training: its steps)
-
-
-_WORKER_STARTED = False
-ESTIMATE_EVERY = 30.0  # seconds between re-estimates of the time left (and at every finished task)
-
-
-def _timed(fn: Callable, kwargs: dict) -> tuple[object, float]:
-    """Run a task in a worker and return (result, CPU seconds it used): CPU time does not depend on what
-    else the machine is running, so it prices the demo for an idle machine. A worker's first task is also
-    charged the worker's start-up (interpreter, torch and phasekv imports)."""
-    global _WORKER_STARTED
-    c0 = time.process_time() if _WORKER_STARTED else 0.0
-    _WORKER_STARTED = True
-    result = fn(**kwargs)
-    return result, time.process_time() - c0
-
-
-def _full_cost(result, seconds: float) -> float:
-    """A training run resumed at step k did only (n - k) of its n steps here: price the whole run."""
-    if isinstance(result, dict) and result.get("resumed_from") and result.get("steps"):
-        done = result["steps"] - result["resumed_from"]
-        return seconds * result["steps"] / max(done, 1)
-    return seconds
-
-
-def makespan(tasks: list[Task], cost: dict[str, float], jobs: int) -> float:
-    """Wall-clock time of the demo's schedule (first ready task to the first free worker, in task order)
-    when each task takes cost[name] seconds; tasks without a cost take none."""
-    finished: dict[str, float] = {}  # name -> end time
-    running: list[tuple[float, str]] = []
-    todo, now = list(tasks), 0.0
-    while todo or running:
-        ready = [t for t in todo if all(d in finished and finished[d] <= now for d in t.after)]
-        while ready and len(running) < jobs:
-            t = ready.pop(0)
-            todo.remove(t)
-            running.append((now + cost.get(t.name, 0.0), t.name))
-        if not running:
-            break  # unreachable dependencies
-        running.sort()
-        end, name = running.pop(0)
-        now = max(now, end)
-        finished[name] = end
-    return now
-
-
-def time_left(tasks: list[Task], took: dict[str, float], done_share: dict[str, float],
-              jobs: int) -> tuple[float, list[str]]:
-    """Wall-clock seconds the unfinished tasks still take on `jobs` workers (`makespan` of their schedule), each
-    priced at its kind's seconds per unit (`Task.units`) over the finished tasks `took` of that kind, a running task at
-    the share of it not yet done (`done_share`); and the kinds no finished task prices yet (counted as free)."""
-    per_kind: dict[str, list[float]] = {}  # stage function -> [seconds, units] of finished tasks
-    for t in tasks:
-        if t.name in took:
-            c_u = per_kind.setdefault(t.fn.__name__, [0.0, 0.0])
-            c_u[0] += took[t.name]
-            c_u[1] += t.units
-    left, cost, untimed = [], {}, set()
-    for t in (t for t in tasks if t.name not in took):
-        c, u = per_kind.get(t.fn.__name__, (0.0, 0.0))
-        if u:
-            cost[t.name] = c / u * t.units * (1.0 - done_share.get(t.name, 0.0))
-        else:
-            untimed.add(t.fn.__name__)
-        left.append(dataclasses.replace(t, after=[d for d in t.after if d not in took]))
-    return makespan(left, cost, jobs), sorted(untimed)
-
-
-def _left_text(tasks: list[Task], took: dict[str, float], done_share: dict[str, float], jobs: int) -> str:
-    """The overall line's estimate: '~2h10m left', or '≥ ~2h10m left (not yet timed: knockout, retrieval)'."""
-    if all(t.name in took for t in tasks):
-        return ""
-    if not took:
-        return "estimate after the first task"
-    seconds, untimed = time_left(tasks, took, done_share, jobs)
-    return f"~{duration(seconds)} left" if not untimed else \
-        f"≥ ~{duration(seconds)} left (not yet timed: {', '.join(untimed)})"
+from phasekv.study import Lock, Task, console, makespan, run_tasks, slurm
+from phasekv.study.slurm import SlurmOptions
 
 
 def _last_step(run_dir: Path) -> int:
@@ -144,7 +50,8 @@ def _last_step(run_dir: Path) -> int:
     return 0
 
 
-def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
+def build_tasks(root: Path, plan: DemoPlan, device: str = "cpu") -> list[Task]:
+    """The plan's task graph in `root`, every model's training, evaluations and analyses on `device`."""
     lay, p = Layout(root), plan.to_dict()
     cfgs = {ModelConfig.from_name(m, preset=plan.preset).alias: ModelConfig.from_name(m, preset=plan.preset)
             for m in plan.models}
@@ -159,7 +66,7 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
                           lambda run=lay.run(alias): (run / "done.json").is_file(),
                           [f"train {ModelConfig.from_name(source, preset=plan.preset).alias}"] if source else [],
                           steps=lambda run=lay.run(alias), n=plan.steps_of(cfg.name): (_last_step(run), n),
-                          units=plan.steps_of(cfg.name)))
+                          units=plan.steps_of(cfg.name), parallel=True))
         for proto, padding in ((q, v) for q in PROTOCOLS.values() if q.retrieval for v in q.study):
             out = lay.evaluation(proto.stage(padding)) / alias
             tasks.append(Task(f"{proto.task(padding)} {alias}", stages.retrieval,
@@ -199,6 +106,8 @@ def build_tasks(root: Path, plan: DemoPlan) -> list[Task]:
     tasks.append(Task("example prompts", stages.examples,
                       {"plan": p, "root": str(root), "aliases": list(cfgs), "tokenizer_run": str(lay.run(next(iter(cfgs))))},
                       lambda: lay.examples.is_file(), lookups))
+    for t in (t for t in tasks if t.fn in stages.ON_DEVICE):
+        t.kwargs["device"] = device
     return tasks
 
 
@@ -315,149 +224,68 @@ def _write_manifest(root: Path, manifest: dict) -> None:
     write_json(Layout(root).manifest, manifest, indent=1, default=str)
 
 
-def run_tasks(tasks: list[Task], jobs: int, progress: bool,
-              record: Callable[[str, float, float], None], label: str = "demo",
-              took: dict[str, float] | None = None) -> dict[str, str]:
-    """Run every unfinished task once its dependencies are done; returns {task: error} of failed tasks. The
-    overall line estimates the time left from finished tasks' wall-clock seconds (`took`: earlier runs', then this
-    one's; wall, not CPU: it is what a busy or slow machine gives)."""
-    finished = {t.name for t in tasks if t.is_done()}
-    took = {k: v for k, v in (took or {}).items() if k in finished}
-    shown = 0.0  # when the estimate was last computed
-    failed: dict[str, str] = {}
-    todo = [t for t in tasks if t.name not in finished]
-    if finished:
-        console.print(f"[dim]resuming: {len(finished)} of {len(tasks)} tasks already done, skipped[/]")
-    cols = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[left]}")]
-    running: dict[Future, tuple[Task, int, float]] = {}
-    with Progress(*cols, console=console, disable=not progress, refresh_per_second=2) as bar, \
-            ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        # tasks differ in cost by 100x (a training against a gate statistic): their count gives no estimate of
-        # the time left; the `left` field prices them by kind (`time_left`), each running task's own line by rate
-        overall = bar.add_task(f"[bold]{label} tasks", total=len(tasks), completed=len(finished), estimate=False,
-                               left="")
-        while todo or running:
-            blocked = {t.name for t in todo if any(d in failed for d in t.after)}
-            for name in blocked:
-                failed[name] = "skipped: a task it needs failed"
-            todo = [t for t in todo if t.name not in blocked]
-            ready = [t for t in todo if all(d in finished for d in t.after)]
-            while ready and len(running) < jobs:
-                t = ready.pop(0)
-                todo.remove(t)
-                total = t.steps()[1] if t.steps else 1
-                row = bar.add_task(t.name, total=total, left="")
-                running[pool.submit(_timed, t.fn, t.kwargs)] = (t, row, time.time())
-            if not running:
-                break
-            done_now, _ = wait(list(running), timeout=1.0, return_when=FIRST_COMPLETED)
-            for fut in done_now:
-                t, row, t0 = running.pop(fut)
-                bar.remove_task(row)
-                secs = time.time() - t0
-                try:
-                    result, cpu = fut.result()
-                    cpu = _full_cost(result, cpu)
-                except Exception as exc:  # a failed task is reported; independent tasks continue
-                    failed[t.name] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-                    console.print(f"[red]✗ {t.name}[/] ({secs:.0f} s): {failed[t.name]}")
-                    continue
-                finished.add(t.name)
-                record(t.name, secs, cpu)
-                took[t.name] = _full_cost(result, secs)  # a resumed training: its whole run
-                if len(finished) == len(tasks):
-                    bar.update(overall, left="")  # the completion line carries no estimate
-                bar.advance(overall)
-                console.print(f"[green]✓[/] {t.name} [dim]({secs:.0f} s wall, {cpu:.0f} s CPU)[/]")
-            share = {}  # running trainings' done share
-            for t, row, _ in running.values():
-                if t.steps:
-                    n, total = t.steps()
-                    bar.update(row, completed=min(n, total))
-                    share[t.name] = min(n, total) / max(total, 1)
-            if done_now or time.time() - shown >= ESTIMATE_EVERY:
-                shown = time.time()
-                bar.update(overall, left=_left_text([t for t in tasks if t.name not in failed], took, share, jobs))
-    return failed
-
-
-class _Lock:
-    """DIR/.demo.lock holds the pid of the demo (or study) writing DIR; a second one on the same DIR is refused."""
-
-    def __init__(self, root: Path):
-        self.path = root / ".demo.lock"
-
-    def __enter__(self):
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                pid = int(self.path.read_text() or 0)
-                os.kill(pid, 0)  # raises when no such process
-            except (ValueError, ProcessLookupError):
-                self.path.unlink(missing_ok=True)  # left by a demo that was killed
-                return self.__enter__()
-            except PermissionError:
-                pass
-            raise ConfigError(f"another demo or study (pid {pid}) is writing {self.path.parent}; wait for it or stop "
-                              "it") from None
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        return self
-
-    def __exit__(self, *exc):
-        self.path.unlink(missing_ok=True)
-
-
-def run_demo(out: str | os.PathLike = "demo_out", quick: bool = False, jobs: int | None = None,
-             progress: bool = True, report: bool = True, rerun: list[str] = ()) -> dict:
-    """Run (or resume) the demo into `out`, then render `out/report/index.html`; returns the manifest. `rerun`:
-    models whose training and everything computed from it are discarded and run again (`run_plan`)."""
-    return run_plan(out, plan_for(quick), jobs, progress, report, rerun)
+def run_demo(out: str | os.PathLike = "demo_out", quick: bool = False, **runtime) -> dict:
+    """Run (or resume) the demo into `out`, then render `out/report/index.html`; returns the manifest. `runtime`:
+    `run_plan`'s options (jobs, progress, report, rerun, device, cluster)."""
+    return run_plan(out, plan_for(quick), **runtime)
 
 
 def run_study(out: str | os.PathLike = "study_out", quick: bool = False, preset: str = STUDY_PRESET,
-              jobs: int | None = None, progress: bool = True, report: bool = True, rerun: list[str] = ()) -> dict:
-    """Run (or resume) the whole study (the paper's grid at `preset`) into `out`, then its report; `rerun` as in
-    `run_plan`."""
-    return run_plan(out, study_plan(quick, preset), jobs, progress, report, rerun)
+              **runtime) -> dict:
+    """Run (or resume) the whole study (the paper's grid at `preset`) into `out`, then its report; `runtime` as in
+    `run_demo`."""
+    return run_plan(out, study_plan(quick, preset), **runtime)
 
 
-def run_family(out: str | os.PathLike = "family_out", quick: bool = False, jobs: int | None = None,
-               progress: bool = True, report: bool = True, rerun: list[str] = ()) -> dict:
+def run_family(out: str | os.PathLike = "family_out", quick: bool = False, **runtime) -> dict:
     """Run (or resume) the grid family (`family_plan`: NSA, MoBA, Activation Beacon beside full attention and
-    W8/S4 · 1 KV at the demo's scale and recipe) into `out`, then its report (a section "The family"); `rerun` as
-    in `run_plan`."""
-    return run_plan(out, family_plan(quick), jobs, progress, report, rerun)
+    W8/S4 · 1 KV at the demo's scale and recipe) into `out`, then its report (a section "The family"); `runtime` as
+    in `run_demo`."""
+    return run_plan(out, family_plan(quick), **runtime)
+
+
+def check_device(device: str, local: bool) -> None:
+    """`--device`: cpu, cuda or cuda:N; a CUDA device must exist here when the tasks run here (`local`)."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ConfigError(f"--device {device!r} must be cpu, cuda or cuda:N")
+    if local and device != "cpu" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: no CUDA device on this machine")
 
 
 def run_plan(out: str | os.PathLike, plan: DemoPlan, jobs: int | None = None, progress: bool = True,
-             report: bool = True, rerun: list[str] = ()) -> dict:
+             report: bool = True, rerun: list[str] = (), device: str = "cpu",
+             cluster: SlurmOptions | None = None) -> dict:
     """Run (or resume) `plan` into `out`, then render `out/report/index.html`; returns the manifest. `rerun`: models
     (paper names or aliases) to run again: their trainings and everything computed from them are discarded first
     (`discard`), every other result is kept, and their own settings (`per_model`) may differ from the directory's;
-    recorded in the manifest ("reruns")."""
+    recorded in the manifest ("reruns"). `device`: where each model is trained, evaluated and analysed. `cluster`:
+    each task a SLURM job with these options (`phasekv.study.slurm`) instead of the local pool; without
+    `cluster.wait` it returns once every task is queued (the report comes with a later run, once they are done)."""
     for m in plan.models:  # every model is valid at the plan's backbone before anything runs
         ModelConfig.from_name(m, preset=plan.preset)
     rerun = rerun_names(plan, list(rerun))
     root = Path(out)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"--out {root} exists and is not a directory")
+    check_device(device, local=cluster is None)
+    if cluster is not None:
+        slurm.check(cluster, root, device)  # before anything is written or submitted
     root.mkdir(parents=True, exist_ok=True)
     jobs = jobs or min(2, os.cpu_count() or 1)
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
-    with _Lock(root):
-        return _run(root, plan, jobs, progress, report, rerun)
+    with Lock(root):
+        return _run(root, plan, jobs, progress, report, rerun, device, cluster)
 
 
-def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool, rerun: list[str] = ()) -> dict:
-    manifest = _manifest(root, plan, jobs, rerun)
+def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool, rerun: list[str] = (),
+         device: str = "cpu", cluster: SlurmOptions | None = None) -> dict:
+    manifest = _manifest(root, plan, jobs, rerun) | {"device": device, "executor": "slurm" if cluster else "local"}
     _write_manifest(root, manifest)
-    tasks = build_tasks(root, plan)
+    tasks = build_tasks(root, plan, device)
+    where = "a SLURM job per task" if cluster else f"{jobs} worker(s)"
     console.print(f"[bold]phasekv {plan.kind}[/] ({plan.mode}): {len(plan.models)} models at the {plan.preset} preset, "
-                  f"{plan.steps_text()}, {jobs} worker(s) -> {root}")
+                  f"{plan.steps_text()}, on {device}, {where} -> {root}")
     t0, load0 = time.time(), os.getloadavg()[0]
     timings = dict(manifest.get("tasks", {}))
     ran = []
@@ -467,8 +295,16 @@ def _run(root: Path, plan: DemoPlan, jobs: int, progress: bool, report: bool, re
         ran.append(name)
         _write_manifest(root, {**manifest, "tasks": timings})
 
+    executor = slurm.SlurmExecutor(root, cluster, plan.kind) if cluster else None
     failed = run_tasks(tasks, jobs, progress, record, plan.kind,
-                       took={k: v["wall_s"] for k, v in timings.items() if isinstance(v, dict)})
+                       took={k: v["wall_s"] for k, v in timings.items() if isinstance(v, dict)}, executor=executor)
+    if cluster and not failed and not all(t.is_done() for t in tasks):  # queued, and the driver leaves
+        manifest.update(tasks=timings, failed={})
+        _write_manifest(root, manifest)
+        console.print(f"{plan.kind}: every task is queued on SLURM (OUT/jobs.json); `phasekv study status {root}` "
+                      "shows where each stands; run this command again once they are done for the report (or with "
+                      "--wait to stay until then)")
+        return manifest
 
     def finish(wall: float) -> None:
         if ran or not manifest.get("invocations"):

@@ -4,6 +4,7 @@ Python entry points, and writes its outputs atomically into the study layout (`p
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -37,8 +38,8 @@ def _prompts(plan: DemoPlan, em, padding: str = "prefix", per_group: int | None 
                modulus=plan.modulus, per_group=n, keep_n=n % plan.modulus**2 != 0, mappings=plan.mappings, seed=0)
 
 
-def train_config(p: DemoPlan, arch: str, run_dir: str):
-    """The `TrainConfig` the plan trains `arch` with (its recipe is what a seed record is matched by)."""
+def train_config(p: DemoPlan, arch: str, run_dir: str, device: str = "cpu"):
+    """The `TrainConfig` the plan trains `arch` with on `device` (its recipe is what a seed record is matched by)."""
     from phasekv.train import TrainConfig
 
     own = p.training_of(arch)
@@ -46,12 +47,14 @@ def train_config(p: DemoPlan, arch: str, run_dir: str):
         own["init_from"] = str(Path(run_dir).parent / ModelConfig.from_name(own["init_from"], preset=p.preset).alias)
     return TrainConfig(arch=arch, preset=p.preset, **own, seq_len=p.seq_len, warmup=p.warmup,
                        grad_accum=p.micro_batches, trim=p.micro_batches > 1,
-                       ckpt_every=p.ckpt_every, val_every=0, out=run_dir, threads=1, progress=False,
+                       ckpt_every=p.ckpt_every, val_every=0, out=run_dir, threads=1, progress=False, device=device,
                        data={"data": "recall", "recall": {**p.recall_of(arch), "seq_len": p.seq_len}})
 
 
-def train_model(plan: dict, arch: str, run_dir: str) -> dict:
-    """Train (or resume) one model; a run with no complete checkpoint restarts from scratch."""
+def train_model(plan: dict, arch: str, run_dir: str, device: str = "cpu") -> dict:
+    """Train (or resume) one model; a run with no complete checkpoint restarts from scratch. Under a launcher's
+    several ranks (RANK, WORLD_SIZE in the environment) each rank calls it and rank 0 clears a stale directory
+    before the ranks meet (`phasekv.train.distributed.init_dist`)."""
     from phasekv.train import train
     from phasekv.train.checkpoint import latest_checkpoint, read_trainer_state
 
@@ -59,29 +62,29 @@ def train_model(plan: dict, arch: str, run_dir: str) -> dict:
     p = DemoPlan.from_dict(plan)
     last = latest_checkpoint(run_dir)
     resume = last is not None
-    if not resume and Path(run_dir).exists():
+    if not resume and Path(run_dir).exists() and os.environ.get("RANK", "0") == "0":
         shutil.rmtree(run_dir)
-    cfg = train_config(p, arch, run_dir)
+    cfg = train_config(p, arch, run_dir, device)
     start = read_trainer_state(last)["step"] if resume else 0
     return {**train(cfg, resume=resume), "resumed_from": start}
 
 
-def retrieval(plan: dict, run_dir: str, out: str, protocol: str, padding: str) -> dict:
+def retrieval(plan: dict, run_dir: str, out: str, protocol: str, padding: str, device: str = "cpu") -> dict:
     """A retrieval protocol's evaluation (`phasekv.eval.protocols`) under one padding, at the plan's sizes."""
     from phasekv.eval.run import run_retrieval
 
     _setup()
-    p, em = DemoPlan.from_dict(plan), load(run_dir)
+    p, em = DemoPlan.from_dict(plan), load(run_dir, device)
     proto = PROTOCOLS[protocol]
     return run_retrieval(proto.name, em, _prompts(p, em, padding, fit=proto.fit), out, batch_size=p.eval_batch,
                          progress=False)
 
 
-def flip(plan: dict, run_dir: str, out: str) -> dict:
+def flip(plan: dict, run_dir: str, out: str, device: str = "cpu") -> dict:
     from phasekv.eval.flip import FlipConfig, run_flip
 
     _setup()
-    p, em = DemoPlan.from_dict(plan), load(run_dir)
+    p, em = DemoPlan.from_dict(plan), load(run_dir, device)
     # the flip test's lookup-style prompt, over the key/name lists the model was trained on
     cfg = LOOKUP.fit(em, records=p.records, demos=p.demos, modulus=1, per_group=1,
                         filler=2, mappings=1, seed=0)  # filler >= record length - 1 (3 with two-word keys)
@@ -92,42 +95,42 @@ def flip(plan: dict, run_dir: str, out: str) -> dict:
     return run_flip(em, fc, out, progress=False)
 
 
-def knockout(plan: dict, run_dir: str, out: str) -> dict:
+def knockout(plan: dict, run_dir: str, out: str, device: str = "cpu") -> dict:
     from phasekv.analysis.knockout import analyze_knockout
 
     _setup()
-    p, em = DemoPlan.from_dict(plan), load(run_dir)
+    p, em = DemoPlan.from_dict(plan), load(run_dir, device)
     cfg = _prompts(p, em, "prefix", p.ko_per_group)
     return analyze_knockout(em, cfg, out, n_cal=p.n_cal, batch_size=p.eval_batch, progress=False)
 
 
-def gates(plan: dict, run_dir: str, out: str, knockout_dir: str) -> dict:
+def gates(plan: dict, run_dir: str, out: str, knockout_dir: str, device: str = "cpu") -> dict:
     from phasekv.analysis.gates import analyze_gates
 
     _setup()
-    p, em = DemoPlan.from_dict(plan), load(run_dir)
+    p, em = DemoPlan.from_dict(plan), load(run_dir, device)
     ko = knockout_dir if (Path(knockout_dir) / "summary.json").is_file() else None
     return analyze_gates(em, _prompts(p, em), out, n_prompts=p.gate_prompts, batch_size=p.eval_batch,
                          knockout=ko, progress=False)
 
 
-def cycle(plan: dict, run_dir: str, out: str) -> dict:
+def cycle(plan: dict, run_dir: str, out: str, device: str = "cpu") -> dict:
     from phasekv.analysis.cycling import analyze_cycle
 
     _setup()
-    p, em = DemoPlan.from_dict(plan), load(run_dir)
+    p, em = DemoPlan.from_dict(plan), load(run_dir, device)
     cfg = _prompts(p, em, "prefix", p.cycle_per_group)
     return analyze_cycle([em], cfg, out, deltas=p.deltas, batch_size=p.eval_batch, n_boot=p.n_boot,
                          progress=False)
 
 
-def family(plan: dict, run_dir: str, out: str, grids: dict, evals: dict) -> dict:
+def family(plan: dict, run_dir: str, out: str, grids: dict, evals: dict, device: str = "cpu") -> dict:
     """The family stage of one model (`phasekv.analysis.family`): the lookup at every grid period in `grids` under
     both paddings (reusing the plan's finished lookups `evals`: padding -> directory), the design's knockouts."""
     from phasekv.analysis.family import analyze_family
 
     _setup()
-    p, em = DemoPlan.from_dict(plan), load(run_dir)
+    p, em = DemoPlan.from_dict(plan), load(run_dir, device)
     return analyze_family(em, _prompts(p, em), out, grids=grids, evals={k: Path(v) for k, v in evals.items()},
                           ko_per_group=p.ko_per_group, batch_size=p.eval_batch, n_boot=p.n_boot, progress=False)
 
@@ -190,6 +193,10 @@ def repair(plan: dict, root: str) -> dict:
     record = json.loads(Path(__file__).with_name(p.repair_record).read_text()) if p.repair_record else None
     return run_repair(Path(root), p.repair_unrepaired, bench=bench, goals=Goals(seeds=p.repair_seeds), record=record,
                       progress=False)
+
+
+ON_DEVICE = {train_model, retrieval, flip, knockout, gates, cycle, family}  # the stages that take `device` (a
+#   model's training, evaluations and analyses); the rest read results or time the CPU (the repair's costs)
 
 
 def compare(plan: dict, evals: list[str], out: str) -> dict:

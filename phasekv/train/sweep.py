@@ -35,6 +35,9 @@ from rich.table import Table
 from phasekv.config import ModelConfig, format_overrides, parse_overrides
 from phasekv.data.sources import DataConfig
 from phasekv.errors import ConfigError, PhaseKVError
+from phasekv.study import Lock, Task, run_tasks, slurm
+from phasekv.study.cli import CPUS, EXECUTOR, GPUS, PARAM, PARTITION, TIME, WAIT, cluster_options
+from phasekv.study.slurm import SlurmOptions
 from phasekv.train import loop
 from phasekv.train.checkpoint import latest_checkpoint
 from phasekv.train.config import TrainConfig
@@ -144,6 +147,31 @@ def _select(runs: list[SweepRun], only: str | None) -> list[SweepRun]:
     return [r for r in runs if fnmatch.fnmatch(r.alias, only) or fnmatch.fnmatch(r.name, only)]
 
 
+def train_run(name: str, alias: str, options: dict, **runtime) -> dict:
+    """Train (or resume) one run of a sweep: the unit of work a sweep's task runs, in a SLURM job's every rank."""
+    return loop.train(SweepRun(name, alias, options).config(), resume=True, **runtime)
+
+
+def sweep_tasks(runs: list[SweepRun], **runtime) -> list[Task]:
+    """A sweep as a task graph (no dependencies): one training task per run, done when its run is."""
+    return [Task(f"train {r.alias}", train_run, {"name": r.name, "alias": r.alias, "options": r.options, **runtime},
+                 lambda r=r: r.status() == "done", units=r.config().total_steps, parallel=True) for r in runs]
+
+
+def submit_sweep(path: str | Path, cluster: SlurmOptions, only: str | None = None, **runtime) -> dict[str, str]:
+    """Every unfinished run of a sweep a SLURM job (`phasekv.study.slurm`; jobs recorded in out_root/jobs.json),
+    waiting for them when `cluster.wait`; returns {task: error} of failed runs."""
+    runs = _select(load_sweep(path), only)
+    if not runs:
+        return {}
+    root = runs[0].out.parent
+    slurm.check(cluster, root, runs[0].config().device.replace("auto", "cuda" if cluster.gpus_per_node else "cpu"))
+    root.mkdir(parents=True, exist_ok=True)
+    with Lock(root), slurm.SlurmExecutor(root, cluster, "sweep") as ex:
+        return run_tasks(sweep_tasks(runs, **runtime), 1, runtime.get("progress", True), lambda *a: None, "sweep",
+                         executor=ex)
+
+
 def run_sweep(path: str | Path, only: str | None = None, dry_run: bool = False, **runtime) -> list[dict]:
     """Run every unfinished run of a sweep in turn; returns one row per run (name, status, summary/error)."""
     rows = []
@@ -172,9 +200,24 @@ def run_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would run; train nothing."),
     threads: int = typer.Option(None, help="torch CPU threads for every run."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
+    executor: str = EXECUTOR, wait: bool = WAIT, partition: str = PARTITION, gpus: int = GPUS, cpus: int = CPUS,
+    time: int = TIME, param: list[str] = PARAM,
+    nodes: int = typer.Option(1, "--slurm-nodes", help="slurm: nodes of each run's job."),
+    ranks: int = typer.Option(None, "--slurm-ranks-per-node", help="slurm: ranks of each run per node (default: "
+                              "the GPUs per node, or 1)."),
 ) -> None:
-    """Run a sweep here, one run after another: finished runs are skipped, interrupted ones resumed."""
+    """Run a sweep here, one run after another: finished runs are skipped, interrupted ones resumed. With
+    `--executor slurm`: each unfinished run a SLURM job (its ranks from SLURM's environment), requeued at a
+    preemption or its time limit and resumed from its latest checkpoint."""
     runtime = {"progress": progress} | ({"threads": threads} if threads is not None else {})
+    cluster = cluster_options(executor, wait, partition, nodes, gpus, ranks, cpus, time, param)
+    if cluster is not None and not dry_run:
+        failed = submit_sweep(file, cluster, only, **runtime)
+        for name, err in failed.items():
+            console.print(f"[red]failed[/] {name}: {err}")
+        if failed:
+            raise typer.Exit(1)
+        return
     rows = run_sweep(file, only, dry_run, **runtime)
     table = Table(title=str(file))
     for c in ("run", "before", "after", "final loss", "accuracy"):
@@ -222,33 +265,31 @@ def train_args(run: SweepRun) -> list[str]:
 def commands_cmd(
     file: Path = typer.Argument(..., help="Sweep TOML file."),
     nproc: int = typer.Option(1, help="Processes (GPUs) per node."),
-    nnodes: int = typer.Option(1, help="Nodes per run (multi-node uses c10d rendezvous at $MASTER_ADDR:29500)."),
+    nnodes: int = typer.Option(1, help="Nodes per run (a printed multi-node torchrun line meets at $MASTER_ADDR:29500, "
+                               "which you set; --slurm and --submit find the first node of the job themselves)."),
     slurm: bool = typer.Option(False, "--slurm", help="Print sbatch command lines instead of torchrun ones."),
-    submit: bool = typer.Option(False, "--submit", help="Submit the runs to SLURM with submitit (when installed)."),
+    submit: bool = typer.Option(False, "--submit", help="Submit the runs to SLURM through submitit, nproc ranks "
+                                "per node (= `sweep run FILE --executor slurm`)."),
+    gpus: bool = typer.Option(False, "--gpus/--no-gpus", help="--slurm/--submit: one GPU per process (default: "
+                              "CPUs only, no GPU request)."),
     only: str = typer.Option(None, help="Only runs matching this glob."),
 ) -> None:
-    """Print one torchrun (or sbatch) command line per unfinished run of a sweep."""
+    """Print one torchrun (or sbatch) command line per unfinished run of a sweep, or submit them."""
+    if submit:
+        cluster = SlurmOptions(nodes=nnodes, ranks_per_node=nproc, gpus_per_node=nproc if gpus else 0)
+        for name, err in submit_sweep(file, cluster, only, progress=False).items():
+            console.print(f"[red]failed[/] {name}: {err}")
+        return
     runs = [r for r in _select(load_sweep(file), only) if r.status() != "done"]
+    head = "$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)" if slurm else "$MASTER_ADDR"
     for run in runs:
         rdzv = [] if nnodes == 1 else ["--nnodes", str(nnodes), "--rdzv-backend", "c10d",
-                                       "--rdzv-endpoint", "$MASTER_ADDR:29500", "--rdzv-id", run.alias]
+                                       "--rdzv-endpoint", f"{head}:29500", "--rdzv-id", run.alias]
         torchrun = ["torchrun", "--nproc_per_node", str(nproc), *rdzv, "-m", "phasekv", "train", *train_args(run)]
         line = " ".join(shlex.quote(a) if not a.startswith("$") else a for a in torchrun)
-        if submit:
-            _submit(run, torchrun, nproc, nnodes)
-        elif slurm:
-            print(f"sbatch --job-name {run.alias} --nodes {nnodes} --ntasks-per-node 1 --gpus-per-node {nproc} "
+        if slurm:  # one torchrun per node (srun), the shell of the job expands the first node's name
+            gres = f" --gpus-per-node {nproc}" if gpus else ""
+            print(f"sbatch --job-name {run.alias} --nodes {nnodes} --ntasks-per-node 1{gres} "
                   f"--output {run.out}/slurm-%j.log --wrap {shlex.quote('srun ' + line)}")
         else:
             print(line)
-
-
-def _submit(run: SweepRun, argv: list[str], nproc: int, nnodes: int) -> None:
-    try:
-        import submitit  # optional dependency, needed only for --submit
-    except ImportError:
-        raise ConfigError("--submit needs submitit (pip install submitit); --slurm prints sbatch lines instead") from None
-    ex = submitit.AutoExecutor(folder=str(run.out / "slurm"))
-    ex.update_parameters(name=run.alias, nodes=nnodes, gpus_per_node=nproc, tasks_per_node=1, timeout_min=60 * 72)
-    job = ex.submit(submitit.helpers.CommandFunction(argv))
-    console.print(f"submitted {run.name}: job {job.job_id}")

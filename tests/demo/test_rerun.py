@@ -24,7 +24,7 @@ class FakeStages:
     def __init__(self, root: Path):
         self.lay, self.ran = Layout(root), []
 
-    def run_tasks(self, tasks, jobs, progress, record, label="demo", took=None):
+    def run_tasks(self, tasks, jobs, progress, record, label="demo", took=None, executor=None):
         self.ran.append([])
         for t in (t for t in tasks if not t.is_done()):
             for f in _outputs(t, self.lay):

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from phasekv.demo.plan import plan_for, study_plan
-from phasekv.demo.runner import Task, build_tasks, run_tasks
+from phasekv.demo.runner import build_tasks
 from phasekv.errors import ConfigError
 from phasekv.progress import INTERVAL_ENV
+from phasekv.study import Task, run_tasks
 
 
 def _touch(path: str, fail: bool = False) -> str:
@@ -94,7 +95,7 @@ def test_quick_demo_end_to_end(tmp_path):
 
 
 def test_makespan_replays_the_schedule():
-    from phasekv.demo.runner import makespan
+    from phasekv.study import makespan
 
     noop = lambda: False  # noqa: E731
     tasks = [Task("a", _touch, {}, noop), Task("b", _touch, {}, noop), Task("c", _touch, {}, noop, after=["a"]),
@@ -108,7 +109,7 @@ def test_makespan_replays_the_schedule():
 def test_time_left_prices_unfinished_tasks_by_their_kind():
     """Each unfinished task costs its kind's seconds per unit among the finished ones (a training's unit: a step), a
     running one only its share not yet done; a kind with no finished task is named, not guessed."""
-    from phasekv.demo.runner import time_left
+    from phasekv.study import time_left
 
     noop = lambda: False  # noqa: E731
     tasks = [Task("train a", _sleep, {}, noop, units=1000), Task("train b", _sleep, {}, noop, units=1000),
@@ -134,7 +135,7 @@ def test_overall_line_estimates_the_time_left(monkeypatch, capsys):
 def test_second_demo_on_same_dir_is_refused(tmp_path):
     import os
 
-    from phasekv.demo.runner import _Lock
+    from phasekv.study import Lock as _Lock
 
     with _Lock(tmp_path):
         with pytest.raises(ConfigError, match="another demo"):
