@@ -389,15 +389,18 @@ def section_compare(b: Builder) -> None:
         return f"{fmt(r[k])} [{fmt(lo)}, {fmt(hi)}]"
 
     rows = [[esc(r["label"]) + {"reference": " (ref)", "baseline": " (base)"}.get(r["role"], ""),
-             fmt(r.get("cache_rel"), 3), "–" if r.get("compression") is None else f"{r['compression']:.1f}×",
+             fmt(r.get("cache_rel"), 3), fmt(r.get("cache_same_kv"), 3),
+             "–" if r.get("compression") is None else f"{r['compression']:.1f}×",
              fmt(r.get("train_cost_rel"), 2), fmt(r.get("decode_cost_rel"), 2), ci(r, "mean"),
              f"{fmt(r['worst'])} ({r.get('worst_residue')})", ci(r, "gap"), fmt(r.get("fold_consistency")),
              fmt(r.get("detected_period")), "yes" if r.get("pareto") else ""] for r in s["models"]]
     aliases = [next((a for a, m in b.study.models.items() if m.name == r["model"]), None) for r in s["models"]]
-    body = html.table(["model", "cache / full", "compression", "train cost", "decode cost", "mean [95%]",
+    body = html.table(["model", "cache / reference", "/ same KV heads", "compression", "train cost", "decode cost", "mean [95%]",
                        "worst (residue)", "gap [95%]", "fold", "period", "Pareto"], rows, aliases)
     body += (f"<p>{esc(s['task'])}, {esc(s['protocol'])} padding; cache bytes at {s['context']:,} tokens and costs "
-             "relative to full attention, measured in one process, interleaved.</p>")
+             f"relative to the reference {esc(s['reference'] or 'full attention')} (the model a design replaces; "
+             "beside it, the cache relative to full attention with the model's own KV heads), costs measured in one "
+             "process, interleaved.</p>")
     body += "<pre>" + esc("\n".join(verdict_lines(s))) + "</pre>"
     for png in sorted(st.path.glob("*.png")):
         dest = b.png_path(f"compare_{png.stem}")
