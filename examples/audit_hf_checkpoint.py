@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     model = load(run, device="cpu")
     design = dict(modulus=4, per_group=16) if args.tiny else {}  # tiny: 64 prompts (an exact design at M = 4)
     stride = None if args.config == "v4" else args.stride  # V4: every ratio its config.json declares
-    verdict = run_audit(model, out / "audit", stride=stride, max_gap=10.0, progress=False, **design)
+    verdict = run_audit(model, out / "audit", stride=stride, margin=10.0, progress=False, **design)
     print(f"{checkpoint}: {verdict['verdict']} (exit code {verdict['exit_code']}), "
           f"mean {verdict['mean']:.1f}, gap {verdict['gap']:.1f} [{verdict['gap_ci'][0]:.1f}, {verdict['gap_ci'][1]:.1f}]")
     for ratio in verdict.get("ratios", []):

@@ -212,6 +212,35 @@ def gap_estimate(hits: np.ndarray, trials: np.ndarray, n_boot: int = 2000, seed:
     return max(est, 0.0), np.clip([lo * se, hi * se], 0.0, 1.0)
 
 
+# delta (points): a profile is flat when its gap's 95% upper bound is below this margin (`flatness`). Fixed from
+# full attention alone, before any candidate design was judged by it: the 20 evaluations of full-attention models
+# that learned the lookup in the project's measurements (tiny and tiny-8h, 1-8 KV heads, five recipes, both
+# paddings, the held-out layout, the mod-16 grid, 96 and 576 prompts per group; listed in
+# docs/reference/protocols.md "Flat") have upper bounds 0.0-3.2 (2.8 at most at 576 prompts per group, 3.2 at
+# 96), so 3.5, the next half point above the largest, is the smallest such margin under which full attention is
+# flat in every one of them.
+FLAT_MARGIN = 3.5
+FLAT, NOT_FLAT, UNDECIDED = "flat", "not flat", "undecided"  # `flatness`'s words
+
+
+def flatness(gap_ci, margin: float = FLAT_MARGIN) -> str:
+    """Flat by equivalence (the TOST idea: the burden of proof is on flatness): FLAT when the gap's 95% upper
+    bound is below `margin`, NOT_FLAT when its lower bound is at or above it (a gap shown larger than the
+    margin), UNDECIDED in between (the interval is too wide to tell: more prompts can). Only FLAT is flat: a small
+    or noisy evaluation cannot pass by failing to reject, and a large one is not failed for resolving an effect
+    smaller than the margin (the periodicity test is a report of the pattern, never a veto below the margin)."""
+    lo, hi = gap_ci
+    return FLAT if hi < margin else NOT_FLAT if lo >= margin else UNDECIDED
+
+
+def flat_rule(margin: float = FLAT_MARGIN) -> str:
+    """The rule in words, for every output that applies it."""
+    why = (" (the next half point above the largest 95% upper bound full attention showed in the project's "
+           "measurements, 3.2)"
+           if margin == FLAT_MARGIN else "")
+    return f"flat: the gap's 95% upper bound below the margin δ = {margin:g} points{why}"
+
+
 def phase_profile(acc, stride: int) -> np.ndarray:
     """A residue profile acc (M,) folded mod `stride` (which divides M): the mean accuracy of each phase, (S,)."""
     acc = np.asarray(acc, dtype=float)

@@ -7,8 +7,10 @@ residues and phases, and a figure. Every compression ratio of the model is teste
 CSA and HCA ratios, `phasekv.eval.ratios`), each named with its layer types.
 
 Exit codes (audit.json's "verdict"): 0 pass (the model retrieves, its mean accuracy's 95% interval above
-twice chance, and every gap is below --max-gap), 3 fail (it retrieves and a gap is at or above --max-gap),
-4 inconclusive (it does not retrieve well enough for the gap to mean anything). A ratio whose position design
+twice chance, and every profile is flat by equivalence: its gap's 95% upper bound below --margin, delta,
+`phasekv.eval.stats.flatness`), 3 fail (it retrieves and a gap is not shown below the margin: above it, or an
+interval too wide to tell, which more prompts can resolve), 4 inconclusive (it does not retrieve well enough for
+the gap to mean anything). The periodicity test is reported, never a veto below the margin. A ratio whose position design
 cannot fit the prompts' target positions (`phasekv.eval.ratios.plan_period`: a grid period of 32 in the 90-token
 lookup) is not tested: audit.json's "untested" and the printed verdict say so and why, and the verdict rests on
 the ratios that were tested.
@@ -28,7 +30,7 @@ from phasekv.eval.protocols import for_model, protocol, retrieval_protocols
 from phasekv.eval.ratios import RatioPlan, plan_ratios, ratio_tests
 from phasekv.eval.report import chance, length_warning
 from phasekv.eval.run import json_default, run_retrieval
-from phasekv.eval.stats import phase_profile
+from phasekv.eval.stats import FLAT, FLAT_MARGIN, NOT_FLAT, flat_rule, flatness, phase_profile
 from phasekv.io import write_json
 
 ALPHA = 0.01  # level of the period-S test in the verdict
@@ -36,15 +38,17 @@ PASS, FAIL, INCONCLUSIVE = 0, 3, 4  # exit codes
 VERDICTS = {PASS: "pass", FAIL: "fail", INCONCLUSIVE: "inconclusive"}  # audit.json's "verdict"
 
 
-def verdict(summary: dict, stride: int | None, max_gap: float) -> dict:
-    """Pass/fail on the gap, the period verdict, the weakest residues and phases of an evaluation summary."""
+def verdict(summary: dict, stride: int | None, margin: float) -> dict:
+    """Flat or not by equivalence (the gap's upper bound against the margin), the period verdict, the weakest
+    residues and phases of an evaluation summary."""
     groups = summary["groups"]
     acc = np.array([g["acc"] for g in groups])
     M = len(groups)
     weakest = [groups[i] for i in np.argsort(acc, kind="stable")[:3]]
     d = int(summary["detected_period"])
     p = summary.get("periodicity", {}).get("p_value")
-    out = {"gap": summary["gap"], "gap_ci": summary["gap_ci"], "max_gap": max_gap, "pass": summary["gap"] < max_gap,
+    flat = flatness(summary["gap_ci"], margin)
+    out = {"gap": summary["gap"], "gap_ci": summary["gap_ci"], "margin": margin, "flat": flat, "pass": flat == FLAT,
            "mean": summary["mean"], "mean_ci": summary["mean_ci"], "worst": summary["worst"], "best": summary["best"],
            "stride": stride, "modulus": M, "detected_period": d, "period_p_value": p,
            "fold_consistency": summary.get("fold_consistency"),
@@ -69,15 +73,15 @@ def verdict(summary: dict, stride: int | None, max_gap: float) -> dict:
     return out
 
 
-def run_audit(em: EvalModel, out: Path, stride: int | None = None, max_gap: float = 10.0, task: str = "auto",
+def run_audit(em: EvalModel, out: Path, stride: int | None = None, margin: float = FLAT_MARGIN, task: str = "auto",
               per_group: int | None = None, modulus: int | None = None, context: int | None = None,
               records: int | None = None, demos: int | None = None, filler: int | None = None, seed: int = 0,
               batch_size: int = 32, interval: str | None = None, progress: bool = True) -> dict:
     """Evaluate (once per modulus the model's ratios need), test periodicity, write OUT/audit.json and
     OUT/audit.png; returns the verdict (with `verdict` and `exit_code`). task: a retrieval protocol
     (`phasekv.eval.protocols`), or auto: the one for the model's kind. `stride` replaces the model's ratios."""
-    if max_gap < 0:
-        raise ConfigError(f"--max-gap {max_gap} must be >= 0 (points)")
+    if margin <= 0:
+        raise ConfigError(f"--margin {margin:g} must be > 0 (points)")
     names = [p.name for p in retrieval_protocols()]
     if task != "auto" and task not in names:
         raise ConfigError(f"--task must be auto, {', '.join(names[:-1])} or {names[-1]}, got {task!r}")
@@ -94,16 +98,16 @@ def run_audit(em: EvalModel, out: Path, stride: int | None = None, max_gap: floa
         s = min([r for r in plan.ratios if r < plan.modulus], default=None)  # the evaluation's own period test
         runs.append((plan, run_retrieval(proto.name, em, plan.config(cfg), sub, batch_size=batch_size,
                                          interval=interval or proto.interval, stride=s, progress=progress), sub))
-    return _write_audit(runs, max_gap, [p for p in plans if p.modulus is None], em.name, proto.name, out)
+    return _write_audit(runs, margin, [p for p in plans if p.modulus is None], em.name, proto.name, out)
 
 
-def audit_scored(s: Scored, out: Path, max_gap: float = 10.0, stride: int | None = None) -> dict:
+def audit_scored(s: Scored, out: Path, margin: float = FLAT_MARGIN, stride: int | None = None) -> dict:
     """The audit of a task lm-eval scored (`phasekv.eval.harness.read_samples`): its evaluation in OUT/PROTOCOL/
     as `phasekv eval` writes it, then the verdict, OUT/audit.json and OUT/audit.png as `run_audit` writes them.
     The task's residues are fixed at export: the ratios that divide its modulus are tested, the others are
     listed as untested (export the tasks with a --modulus they divide). `stride` replaces the model's ratios."""
-    if max_gap < 0:
-        raise ConfigError(f"--max-gap {max_gap} must be >= 0 (points)")
+    if margin <= 0:
+        raise ConfigError(f"--margin {margin:g} must be > 0 (points)")
     cfg, out = s.config, Path(out)
     M = cfg.modulus
     ratios = {stride: ["--stride"]} if stride else model_ratios(s.model)
@@ -116,26 +120,26 @@ def audit_scored(s: Scored, out: Path, max_gap: float = 10.0, stride: int | None
                 for r, t in ratios.items() if M % r]
     proto = s.meta["task"]
     summary = summarize_scored(s, out / proto, period)
-    return _write_audit([(plan, summary, out / proto)], max_gap, untested, s.model.name, proto, out)
+    return _write_audit([(plan, summary, out / proto)], margin, untested, s.model.name, proto, out)
 
 
-def _write_audit(runs: list[tuple[RatioPlan, dict, Path]], max_gap: float, untested: list[RatioPlan], model: str,
+def _write_audit(runs: list[tuple[RatioPlan, dict, Path]], margin: float, untested: list[RatioPlan], model: str,
                  task: str, out: Path) -> dict:
     """The verdict of an audit's evaluations (`audit_verdict`), written to OUT/audit.json and OUT/audit.png."""
-    v = audit_verdict(runs, max_gap, untested)
+    v = audit_verdict(runs, margin, untested)
     v.update(model=model, task=task, evaluation=str(runs[0][2]))
     to_png(audit_figure(runs[0][1], v), out / "audit.png")
     write_json(out / "audit.json", v, default=json_default)
     return v
 
 
-def audit_verdict(runs: list[tuple[RatioPlan, dict, Path]], max_gap: float, untested: list[RatioPlan] = ()) -> dict:
+def audit_verdict(runs: list[tuple[RatioPlan, dict, Path]], margin: float, untested: list[RatioPlan] = ()) -> dict:
     """The verdict of an audit's evaluations (plan, summary, directory), the first one the headline: its
     gap, period and weakest residues (`verdict`), every ratio's test, the ratios the prompts cannot test
     (`untested`, with why; the verdict rests on the others), whether the model retrieves (the mean's 95% interval
     above twice chance), and the verdict word and exit code."""
     (plan, summary, _), gaps = runs[0], [s["gap"] for _, s, _ in runs]
-    v = verdict(summary, min(plan.ratios, default=None), max_gap)
+    v = verdict(summary, min(plan.ratios, default=None), margin)
     v["chance"] = chance(summary)  # guessing among the value words
     v["retrieves"] = v["chance"] is not None and v["mean_ci"][0] > 2 * v["chance"]
     v["near_chance"] = not v["retrieves"]
@@ -144,8 +148,9 @@ def audit_verdict(runs: list[tuple[RatioPlan, dict, Path]], max_gap: float, unte
                    for p, s, d in runs for t in ratio_tests(s, p.ratios)]
     v["untested"] = [{"ratio": r, "layer_types": types, "note": p.note}
                      for p in untested for r, types in p.ratios.items()]
-    code = INCONCLUSIVE if not v["retrieves"] else PASS if max(gaps) < max_gap else FAIL
-    v.update({"pass": code == PASS, "largest_gap": max(gaps), "protocol": summary["protocol"],
+    flat = all(flatness(s["gap_ci"], margin) == FLAT for _, s, _ in runs)
+    code = INCONCLUSIVE if not v["retrieves"] else PASS if flat else FAIL
+    v.update({"pass": code == PASS, "largest_gap": max(gaps), "rule": flat_rule(margin), "protocol": summary["protocol"],
               "prompt_length": summary["prompt_length"], "n_prompts": sum(s["n_prompts"] for _, s, _ in runs),
               "beyond_training_length": summary.get("beyond_training_length"),  # the verdict's rules stay as they are
               "verdict": VERDICTS[code], "exit_code": code})
@@ -164,7 +169,7 @@ def audit_figure(summary: dict, v: dict) -> Figure:
                   Trace("points", [w["residue"] for w in weak], [w["acc"] for w in weak], color="#d62728",
                         marker="circle-open", size=7)],
                  title=f"{v['model']} · {v['task']} · gap {v['gap']:.1f} [{v['gap_ci'][0]:.1f}, {v['gap_ci'][1]:.1f}] "
-                       f"vs max {v['max_gap']:g}: {word}",
+                       f"vs δ {v['margin']:g}: {word}",
                  xlabel=f"target position mod {M}", ylabel="accuracy (%)", ylim=(-3, 103), width=1.6,
                  guides=[Guide(x=b - 0.5) for b in range(S, M, S)] if S and S < M else [])
     panels = [left]
@@ -183,8 +188,11 @@ def print_verdict(v: dict, console) -> None:
                   f"{v['prompt_length']:,} tokens)")
     console.print(f"mean {v['mean']:.1f} [{v['mean_ci'][0]:.1f}, {v['mean_ci'][1]:.1f}] · worst {v['worst']:.1f} · "
                   f"best {v['best']:.1f}")
-    console.print(f"gap {v['gap']:.1f} points, 95% [{v['gap_ci'][0]:.1f}, {v['gap_ci'][1]:.1f}]; "
-                  f"threshold {v['max_gap']:g}: [bold {color}]{v['verdict'].upper()}[/] (exit {v['exit_code']})")
+    why = {FLAT: "flat", NOT_FLAT: "above the margin"}.get(v["flat"], "not shown below the margin (the interval is "
+                                                                       "too wide: more prompts, --per-group, can tell)")
+    console.print(f"gap {v['gap']:.1f} points, 95% [{v['gap_ci'][0]:.1f}, {v['gap_ci'][1]:.1f}]: {why}; "
+                  f"[bold {color}]{v['verdict'].upper()}[/] (exit {v['exit_code']})")
+    console.print(f"rule: {v['rule']}")
     console.print(f"period: {v['period_text']}")
     if v.get("beyond_training_length"):
         console.print(f"[yellow]warning:[/] {length_warning(v['beyond_training_length'])}")

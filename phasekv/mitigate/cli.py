@@ -13,6 +13,8 @@ from phasekv.errors import ConfigError
 from phasekv.eval.cli import ENGINE, PRESS, model_from_flags
 
 console = Console()
+MARGIN = typer.Option(None, "--margin", help="Flat: the gap's 95% upper bound below this many points (default: the "
+                                             "rule's delta, above every upper bound full attention showed).")
 
 
 def compare_command(
@@ -57,8 +59,9 @@ def audit_command(
     concurrency: int = ENGINE["concurrency"],
     stride: int = typer.Option(None, help="Compression stride S to test for (default: every compression ratio of "
                                           "the model, e.g. a DeepSeek-V4 config's CSA and HCA ratios)."),
-    max_gap: float = typer.Option(10.0, "--max-gap", help="Gap threshold in points: exit 0 below it (when the model "
-                                                          "retrieves), 3 at or above it, 4 when inconclusive."),
+    margin: float = typer.Option(None, "--margin", "--max-gap", help="Flat: the gap's 95% upper bound below this many "
+                                                                     "points (default: the rule's delta, above every "
+                                                                     "upper bound full attention showed)."),
     out: Path = typer.Option(None, "--out", help="Output directory (default: ./audit-<model dir name>)."),
     task: str = typer.Option("auto", help="auto (lookup for phasekv models and their exports, needle otherwise) | lookup | needle."),
     context: int = typer.Option(None, help="Needle context tokens (default: what fits the device and model)."),
@@ -79,27 +82,30 @@ def audit_command(
 ) -> None:
     """Phase audit in one command: retrieval by residue for every compression ratio, periodicity, verdict,
     figure, so it can gate a model release in CI. Exit codes (audit.json "verdict"): 0 pass: the model retrieves
-    (mean accuracy's 95% interval above twice chance) and every gap is below --max-gap; 3 fail: a gap is at or
-    above --max-gap; 4 inconclusive: the model does not retrieve well enough for the gap to mean anything.
+    (mean accuracy's 95% interval above twice chance) and every profile is flat by equivalence (the gap's 95%
+    upper bound below --margin); 3 fail: a gap is not shown below the margin (above it, or an interval too wide
+    to tell: more prompts can); 4 inconclusive: the model does not retrieve well enough for the gap to mean
+    anything. The periodicity test is reported, never a veto below the margin.
 
-    Example: phasekv audit --model runs/w8s8 --stride 8 --max-gap 10; phasekv audit --lm-eval lm-eval-out/
+    Example: phasekv audit --model runs/w8s8 --stride 8 --margin 10; phasekv audit --lm-eval lm-eval-out/
     """
+    from phasekv.eval.stats import FLAT_MARGIN
     from phasekv.mitigate.audit import print_verdict, run_audit
 
     if lm_eval is not None:
         if model is not None or server is not None:
             raise ConfigError("--lm-eval audits an lm-eval output directory: give it without --model/--server")
-        _audit_lm_eval(lm_eval, out, task, stride, max_gap)
+        _audit_lm_eval(lm_eval, out, task, stride, FLAT_MARGIN if margin is None else margin)
     em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer, press)
     out = out or Path(f"audit-{Path(model).resolve().name if model else served_model}")
-    v = run_audit(em, out, stride=stride, max_gap=max_gap, task=task, per_group=per_group, modulus=modulus,
+    v = run_audit(em, out, stride=stride, margin=FLAT_MARGIN if margin is None else margin, task=task, per_group=per_group, modulus=modulus,
                   context=context, records=records, demos=demos, filler=filler, seed=seed, batch_size=batch_size)
     print_verdict(v, console)
     console.print(f"wrote {out}/audit.json, audit.png, {v['task']}/ · exit code {v['exit_code']}")
     raise typer.Exit(v["exit_code"])
 
 
-def _audit_lm_eval(output: Path, out: Path | None, task: str, stride: int | None, max_gap: float) -> None:
+def _audit_lm_eval(output: Path, out: Path | None, task: str, stride: int | None, margin: float) -> None:
     """`phasekv audit --lm-eval OUTPUT`: the verdict of one phasekv task lm-eval scored; exits with its code."""
     from phasekv.eval.harness import TASKS, read_samples
     from phasekv.mitigate.audit import audit_scored, print_verdict
@@ -112,7 +118,7 @@ def _audit_lm_eval(output: Path, out: Path | None, task: str, stride: int | None
     if name is None:
         raise ConfigError(f"{output}: no samples of {' or '.join(wanted)} (found {', '.join(scored)})")
     out = out or Path(f"audit-{output.resolve().name}")
-    v = audit_scored(scored[name], out, max_gap, stride)
+    v = audit_scored(scored[name], out, margin, stride)
     print_verdict(v, console)
     console.print(f"wrote {out}/audit.json, audit.png, {v['task']}/ · exit code {v['exit_code']}")
     raise typer.Exit(v["exit_code"])
@@ -125,7 +131,7 @@ def analyze_lm_eval_command(
                              "(default: OUTPUT/phasekv)."),
     stride: int = typer.Option(None, help="Stride S of the period tests (default: every compression ratio of the "
                                "model lm-eval ran, as far as its results say)."),
-    max_gap: float = typer.Option(10.0, "--max-gap", help="Gap threshold in points of the verdict."),
+    margin: float = MARGIN,
 ) -> None:
     """Read lm-eval's per-sample log of phasekv's tasks back: per task the residue profile with intervals, the gap,
     the periodicity test and detected period as `phasekv eval` prints them, and the verdict and figure of
@@ -134,9 +140,11 @@ def analyze_lm_eval_command(
     from phasekv.eval.report import print_summary
     from phasekv.mitigate.audit import audit_scored, print_verdict
 
+    from phasekv.eval.stats import FLAT_MARGIN
+
     out = out or output / "phasekv"
     for s in read_samples(output, stride):
-        v = audit_scored(s, out / s.name, max_gap, stride)
+        v = audit_scored(s, out / s.name, FLAT_MARGIN if margin is None else margin, stride)
         console.rule(f"{s.name} · {s.samples.name}")
         print_summary(json.loads((Path(v["evaluation"]) / "summary.json").read_text()), console)
         print_verdict(v, console)
@@ -156,24 +164,44 @@ def repair_command(
     decode_context: int = typer.Option(512, help="Prefill length before the timed decode steps."),
     record: Path = typer.Option(None, help="Also write the candidate designs' seed distributions, keyed by "
                                            "architecture and training recipe, to this JSON file (what the demo's "
-                                           "report cites: phasekv/demo/repair_seeds.json)."),
+                                           "report cites: phasekv/demo/repair_seeds.json); the designs an existing "
+                                           "file holds that this run did not measure are kept, judged again by "
+                                           "this run's goals."),
+    margin: float = MARGIN,
+    max_cache: float = typer.Option(None, "--max-cache", help="Cache goal: at most this fraction of the reference "
+                                                              "full-attention model's bytes (default 1/4)."),
 ) -> None:
-    """Check every evaluated design against the repair's goals: cache <= 1/4 of full attention with the
-    same KV heads, flat under both paddings (p > 0.05, period 1, gap interval overlapping full attention's), mean
-    within 5 points of full attention's, train and decode steps <= 1.5x the unrepaired model's. A design (a name
-    without its seed) is judged by its seeds: repaired only when it was trained at >= 8 seeds and every one of them
-    meets every goal; the fraction that do is printed with its exact 95% interval, and the worst seed is named.
-    Writes DIR/repair/goals.json, frontier.png and the two comparisons; `phasekv report DIR` shows them.
+    """Check every evaluated design against the repair's goals: cache <= 1/4 of the reference's (the smallest
+    full-attention model that meets the accuracy goals, the model the design replaces; the ratio to full attention
+    with the same KV heads is printed beside it), flat under both paddings by equivalence (the gap's 95% upper
+    bound below --margin; the periodicity test is reported, not a goal), mean within 5 points of the reference's,
+    train and decode steps <= 1.5x the unrepaired model's. A design (a name without its seed) is judged by its
+    seeds: repaired only when it was trained at >= 8 seeds and every one of them meets every goal; the fraction
+    that do is printed with its exact 95% interval, and the worst seed is named. Writes DIR/repair/goals.json,
+    frontier.png, cache.png and the two comparisons; `phasekv report DIR` shows them.
 
     Example: phasekv repair runs/repair-study/ --unrepaired "W8/S4 · 1 KV"
     """
+    import json
+
+    from phasekv.errors import ConfigError, DataError
     from phasekv.io import write_json
     from phasekv.mitigate.compare import Bench
-    from phasekv.mitigate.repair import run_repair, seed_record
+    from phasekv.mitigate.repair import Goals, run_repair, seed_record
     from phasekv.provenance import git_revision
 
+    goals = Goals(**{k: v for k, v in (("margin", margin), ("max_cache", max_cache)) if v is not None})
+    if goals.margin <= 0 or goals.max_cache <= 0:
+        raise ConfigError(f"--margin {goals.margin:g} and --max-cache {goals.max_cache:g} must be > 0")
+    previous = None
+    if record is not None and record.is_file():
+        try:
+            previous = json.loads(record.read_text())
+        except json.JSONDecodeError as e:
+            raise DataError(f"--record {record}: not JSON ({e})") from e
     bench = Bench(batch=bench_batch, seq_len=bench_seq_len, reps=bench_reps, decode_context=decode_context)
-    r = run_repair(directory, unrepaired, reference=reference, context=context, bench=bench)
+    r = run_repair(directory, unrepaired, reference=reference, context=context, bench=bench,
+                   goals=goals, previous=previous)
     if record is not None:
         when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
         write_json(record, seed_record(r, f"phasekv repair {directory}, git {git_revision() or '?'}, {when}"))
@@ -188,8 +216,9 @@ def repair_command(
 def goals_table(r: dict):
     from rich.table import Table
 
-    t = Table(title=f"repair goals · reference {r['reference']} · unrepaired {r['unrepaired']}")
-    for c in ("model", "cache", "train", "decode", "prefix gap [95%]", "p", "in-seq gap [95%]", "p", "misses"):
+    t = Table(title=f"repair goals · reference {r['reference']} · unrepaired {r['unrepaired']} · {r['rule']}")
+    for c in ("model", "cache vs ref.", "same KV", "train", "decode", "prefix gap [95%]", "p", "in-seq gap [95%]", "p",
+              "misses"):
         t.add_column(c, justify="left" if c in ("model", "misses") else "right", overflow="fold")
 
     def f(v, d=2):
@@ -200,7 +229,7 @@ def goals_table(r: dict):
         return ("-", "-") if n is None else (f"{n['gap']:.1f} [{n['gap_ci'][0]:.1f}, {n['gap_ci'][1]:.1f}]",
                                              f(n["periodicity_p"], 4))
     for m in r["models"]:
-        t.add_row(m["label"], f(m["cache_rel"], 4), f(m["train_rel"]), f(m["decode_rel"]), *gap(m, "prefix"),
+        t.add_row(m["label"], f(m["cache_ref"], 4), f(m["cache_rel"], 4), f(m["train_rel"]), f(m["decode_rel"]), *gap(m, "prefix"),
                   *gap(m, "in-sequence"), "every goal met" if m["meets"] else "; ".join(m["misses"]))
     return t
 
@@ -211,14 +240,15 @@ def seeds_table(r: dict):
 
     from phasekv.mitigate.repair import rule_text
 
-    t = Table(title=f"seeds · {rule_text(r['goals']['seeds'])}")
-    for c in ("design", "meeting", "95% exact", "failing seeds", "worst seed"):
+    t = Table(title=f"seeds · {rule_text(r['goals']['seeds'])} (kept: measured by an earlier run of the record)")
+    for c in ("design", "cache vs ref.", "same KV", "meeting", "95% exact", "failing seeds", "worst seed"):
         t.add_column(c, justify="left" if c in ("design", "worst seed") else "right", overflow="fold")
-    for d in (d for d in r["designs"] if d["role"] == "design"):
+    for d in [*(d for d in r["designs"] if d["role"] == "design"), *r.get("kept", [])]:
         w, (lo, hi) = d["worst"], d["rate_ci"]
         worst = "-" if w is None else (f"{w['seed']}: {w['padding']} gap {w['gap']:.1f} [{w['gap_ci'][0]:.1f}, "
                                        f"{w['gap_ci'][1]:.1f}], period {w['period']}")
-        t.add_row(d["design"], f"{len(d['meeting_seeds'])}/{len(d['seeds'])}", f"{100 * lo:.0f}-{100 * hi:.0f}%",
+        t.add_row(d["design"] + (" (kept)" if "source" in d else ""), f"{d['cache_ref']:.4f}", f"{d['cache_rel']:.4f}",
+                  f"{len(d['meeting_seeds'])}/{len(d['seeds'])}", f"{100 * lo:.0f}-{100 * hi:.0f}%",
                   ", ".join(map(str, d["failing_seeds"])) or "none", worst)
     return t
 

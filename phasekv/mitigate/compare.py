@@ -34,7 +34,7 @@ from phasekv.mitigate.discovery import find_summary, mitigations, model_config, 
 SCHEMA = "phasekv.compare/1"
 ROW_FIELDS = [  # the per-model record of summary.json["models"] and the columns of results.parquet
     "label", "model", "role", "mitigations", "eval_dir", "run_dir", "window", "stride", "n_kv_heads", "ensemble_k",
-    "cache_bytes", "cache_rel", "compression", "train_cost_rel", "decode_cost_rel", "train_tokens_per_s",
+    "cache_bytes", "cache_rel", "cache_same_kv", "compression", "train_cost_rel", "decode_cost_rel", "train_tokens_per_s",
     "eval_seconds", "mean", "mean_ci", "worst", "worst_ci", "worst_residue", "best", "gap", "gap_ci",
     "gap_raw", "fold_consistency", "detected_period", "periodicity_p", "pareto",
 ]
@@ -171,8 +171,9 @@ def plot_pareto(summary: dict, path: Path) -> None:
 def table(summary: dict):
     """A rich table of the comparison."""
     t = Table(title=f"{summary['task']} · {summary['protocol']} padding · M={summary['modulus']} · cache at "
-                    f"{summary['context']:,} tokens · costs relative to full attention")
-    cols = ["model", "cache", "compr.", "train", "decode", "mean [95%]", "worst (res.)", "gap [95%]", "fold", "period",
+                    f"{summary['context']:,} tokens · cache and costs relative to the reference "
+                    f"{summary['reference']} (same KV: to full attention with the model's KV heads)")
+    cols = ["model", "cache", "same KV", "compr.", "train", "decode", "mean [95%]", "worst (res.)", "gap [95%]", "fold", "period",
             "pareto"]
     for c in cols:
         t.add_column(c, justify="left" if c == "model" else "right")
@@ -182,7 +183,8 @@ def table(summary: dict):
 
     for r in summary["models"]:
         role = {"reference": " (ref)", "baseline": " (base)"}.get(r["role"], "")
-        t.add_row(r["label"] + role, f(r["cache_rel"], "{:.3f}"), f(r["compression"], "{:.1f}x"),
+        t.add_row(r["label"] + role, f(r["cache_rel"], "{:.3f}"), f(r.get("cache_same_kv"), "{:.3f}"),
+                  f(r["compression"], "{:.1f}x"),
                   f(r["train_cost_rel"]), f(r["decode_cost_rel"]),
                   f"{r['mean']:.1f} [{r['mean_ci'][0]:.1f}, {r['mean_ci'][1]:.1f}]",
                   f"{r['worst']:.1f} ({r['worst_residue']})",

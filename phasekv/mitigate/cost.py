@@ -74,8 +74,9 @@ def _backbone_key(cfg: ModelConfig) -> tuple:
 
 def add_costs(rows: list[dict], cfgs: dict, ref_cfg: ModelConfig | None, context: int, bench: Bench,
                progress: bool) -> None:
-    """Cache bytes (computed) and train/decode cost (measured) relative to the full-attention reference; a
-    model without a reference among the runs is compared with its own full-attention twin."""
+    """Cache bytes (computed) and train/decode cost (measured) relative to the full-attention reference (the model
+    a design replaces); a model without a reference of its backbone among the runs is compared with its own
+    full-attention twin. `cache_same_kv`: the cache relative to full attention with the model's own KV heads."""
     twins: dict[str, ModelConfig] = {}
     for r in rows:
         cfg = cfgs[r["label"]]
@@ -85,6 +86,7 @@ def add_costs(rows: list[dict], cfgs: dict, ref_cfg: ModelConfig | None, context
         twins[r["label"]] = twin
         r["cache_bytes"] = cache_bytes(cfg, context)
         r["cache_rel"] = r["cache_bytes"] / cache_bytes(twin, context)
+        r["cache_same_kv"] = r["cache_bytes"] / cache_bytes(_full_twin(cfg), context)
         r["compression"] = 1.0 / r["cache_rel"]
     if bench.reps <= 0:
         return

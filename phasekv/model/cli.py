@@ -83,7 +83,12 @@ def register(app: typer.Typer) -> None:
             n_params = PhaseLM(cfg).n_params
         table.add_row("parameters", f"{n_params:,}")
         ours, theirs = cache_bytes(cfg, context), cache_bytes(full, context)
-        table.add_row(f"cache bytes @ {context}", f"{ours:,} ({ours / theirs:.4f} of full attention's {theirs:,})")
+        table.add_row(f"cache bytes @ {context}", f"{ours:,} ({ours / theirs:.4f} of full attention's {theirs:,} "
+                                                  f"with {cfg.n_kv_heads} KV heads)")
+        if cfg.n_kv_heads > 1:  # against the smallest full-attention cache of the backbone: the one a design replaces
+            one = cache_bytes(full.replace(n_kv_heads=1), context)
+            table.add_row(f"cache vs 1 KV @ {context}", f"{ours / one:.4f} of {full.replace(n_kv_heads=1).name}'s "
+                                                        f"{one:,}")
         console.print(table)
 
     @app.command()

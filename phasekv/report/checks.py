@@ -12,6 +12,7 @@ import pandas as pd
 
 from phasekv import config
 from phasekv.eval.protocols import LOOKUP
+from phasekv.eval.stats import FLAT, FLAT_MARGIN, flatness
 from phasekv.report.load import Study, retrieval_evals
 from phasekv.report.published import CYCLING_R2
 from phasekv.report.tables import r2_grid
@@ -112,8 +113,8 @@ def lookup_checks(study: Study, padding: str, protocol: str = LOOKUP.name) -> li
         s = stages[alias].summary
         gap, lo, hi = _gap(s)
         p = (s.get("periodicity") or {}).get("p_value")
-        flat = s.get("detected_period") == 1 if learnt.get(alias, True) else None  # flat at chance says nothing
-        out.append(Check(f"{models[alias].name}: flat (no residue dependence)", flat,
+        flat = flatness((lo, hi)) == FLAT if learnt.get(alias, True) else None  # flat at chance says nothing
+        out.append(Check(f"{models[alias].name}: flat (gap's 95% upper bound below δ = {FLAT_MARGIN:g})", flat,
                          f"gap {gap:.1f} [{lo:.1f}, {hi:.1f}], detected period {s.get('detected_period')}"
                          + ("" if p is None else f", p = {p:.3f}")))
     return out

@@ -12,7 +12,7 @@
     DIR/analysis/family/<alias>/          the grid family's tests and knockouts (`phasekv analyze family`)
     DIR/theory/{minimisers,flow,coverage}/  theory checks (`phasekv theory ...`)
     DIR/compare/                          cache, cost and gap side by side (`phasekv compare`, phasekv.compare/1)
-    DIR/repair/                           the repair's goals per design (`phasekv repair`, phasekv.repair/1):
+    DIR/repair/                           the repair's goals per design (`phasekv repair`, phasekv.repair/2):
                                           goals.json, frontier.png, prefix/ and in-sequence/ comparisons
     DIR/report/index.html                 the report; DIR/report/figures/*.png its figures as PNG
     DIR/report/claims.json, grid.csv      the verdicts on the study's claims C1-C10; the grid table (Figure 2)

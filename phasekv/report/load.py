@@ -16,6 +16,7 @@ from phasekv.attention.compressor import learned_gates
 from phasekv.config import ModelConfig
 from phasekv.errors import DataError, PhaseKVError
 from phasekv.eval.protocols import FLIP, LOOKUP, PROTOCOLS, retrieval_protocols
+from phasekv.mitigate.repair import SCHEMA as REPAIR_SCHEMA
 from phasekv.report.layout import ANALYSES, RESULTS, SUMMARY, THEORY_CHECKS, Layout
 
 
@@ -57,7 +58,7 @@ class Study:
     theory: dict[str, Stage]  # minimisers | flow | coverage -> stage
     examples: list[dict]
     compare: Stage | None = None  # `phasekv compare` (schema phasekv.compare/1)
-    repair: dict | None = None  # `phasekv repair`: goals.json (schema phasekv.repair/1)
+    repair: dict | None = None  # `phasekv repair`: goals.json (schema phasekv.repair/2)
 
     @property
     def lookup(self) -> dict[str, dict[str, Stage]]:
@@ -207,4 +208,7 @@ def load_study(root: str | Path) -> Study:
     models = dict(sorted(models.items(), key=lambda kv: (kv[1].compressed, kv[1].stride, kv[1].gate == "uniform")))
     goals = layout.repair / "goals.json"
     repair = read_json(goals) if goals.is_file() else None
+    if repair is not None and repair.get("schema") != REPAIR_SCHEMA:
+        raise DataError(f"{goals}: schema {repair.get('schema')!r}, this phasekv reads {REPAIR_SCHEMA!r} (run "
+                        "`phasekv repair` again)")
     return Study(layout.root, manifest, models, evals, analyses, theory, examples, read_stage(layout.compare), repair)

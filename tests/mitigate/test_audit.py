@@ -1,4 +1,5 @@
-"""`phasekv audit`: the verdict and the exit code follow the --max-gap threshold."""
+"""`phasekv audit`: the verdict and the exit code follow flatness by equivalence at --margin (--max-gap, its older
+name): pass when every gap's 95% upper bound is below it."""
 
 import json
 
@@ -22,10 +23,10 @@ def tok():
     return WordTokenizer(build_word_tokenizer(), "word")
 
 
-@pytest.mark.parametrize("max_gap,code", [(50.0, 3), (100.5, 0)])
-def test_exit_code_follows_threshold_planted(tmp_path, tok, max_gap, code):
+@pytest.mark.parametrize("margin,code", [(50.0, 3), (100.5, 0)])
+def test_exit_code_follows_threshold_planted(tmp_path, tok, margin, code):
     em = EvalModel(Planted(tok.vocab_size, [1, 1, 1, 0]), tok, "planted", "phasekv", 4, {"path": "planted"})
-    v = run_audit(em, tmp_path, max_gap=max_gap, task="lookup", progress=False, **SMALL)
+    v = run_audit(em, tmp_path, margin=margin, task="lookup", progress=False, **SMALL)
     assert v["gap"] == pytest.approx(100.0)
     assert v["exit_code"] == code and v["pass"] is (code == 0)
     assert v["periodic"] == "stride" and v["detected_period"] == 4
@@ -37,7 +38,7 @@ def test_exit_code_follows_threshold_planted(tmp_path, tok, max_gap, code):
 
 def test_flat_profile_passes(tmp_path, tok):
     em = EvalModel(Planted(tok.vocab_size, [1]), tok, "planted", "phasekv", 4, {"path": "planted"})
-    v = run_audit(em, tmp_path, max_gap=1.0, task="lookup", progress=False, **SMALL)
+    v = run_audit(em, tmp_path, margin=1.0, task="lookup", progress=False, **SMALL)
     assert v["gap"] == 0 and v["exit_code"] == 0 and v["periodic"] == "none" and not v["near_chance"]
 
 
@@ -49,19 +50,22 @@ def test_cli_exit_codes(tmp_path, tok):
     args = ["audit", "--model", str(tmp_path / "m"), "--records", "12", "--demos", "2", "--filler", "8",
             "--modulus", "4", "--per-group", "16", "--device", "cpu"]
     # an untrained model answers at chance: inconclusive (exit 4) whatever the threshold, never a pass
-    for name, max_gap in (("a", "100.5"), ("b", "0")):
-        r = CliRunner().invoke(app, args + ["--out", str(tmp_path / name), "--max-gap", max_gap])
+    for name, flag, margin in (("a", "--max-gap", "100.5"), ("b", "--margin", "0.5")):
+        r = CliRunner().invoke(app, args + ["--out", str(tmp_path / name), flag, margin])
         assert r.exit_code == 4, r.output
         assert "period" in r.output and "near chance" in r.output and "INCONCLUSIVE" in r.output
     v = json.loads((tmp_path / "b" / "audit.json").read_text())
     assert v["model"] == "W4/S4 · 1 KV" and v["task"] == "lookup" and v["stride"] == 4
     assert v["near_chance"] and not v["retrieves"] and v["verdict"] == "inconclusive" and not v["pass"]
+    assert v["margin"] == 0.5 and v["rule"] == "flat: the gap's 95% upper bound below the margin δ = 0.5 points"
+    r = CliRunner().invoke(app, args + ["--out", str(tmp_path / "c"), "--margin", "0"])
+    assert r.exit_code != 0 and "--margin 0 must be > 0" in str(r.exception)
 
 
-@pytest.mark.parametrize("max_gap,word", [(50.0, "fail"), (100.5, "pass")])
-def test_verdict_word_in_audit_json(tmp_path, tok, max_gap, word):
+@pytest.mark.parametrize("margin,word", [(50.0, "fail"), (100.5, "pass")])
+def test_verdict_word_in_audit_json(tmp_path, tok, margin, word):
     em = EvalModel(Planted(tok.vocab_size, [1, 1, 1, 0]), tok, "planted", "phasekv", 4, {"path": "planted"})
-    run_audit(em, tmp_path, max_gap=max_gap, task="lookup", progress=False, **SMALL)
+    run_audit(em, tmp_path, margin=margin, task="lookup", progress=False, **SMALL)
     v = json.loads((tmp_path / "audit.json").read_text())
     assert v["verdict"] == word and v["retrieves"] and v["ratios"][0]["ratio"] == 4
     assert v["ratios"][0]["phase_profile"] == [100, 100, 100, 0]
@@ -102,7 +106,7 @@ def test_evaluation_beyond_training_length_warns_and_records_it(tmp_path, tok):
     def audit(pattern, train_len, out):
         em = EvalModel(Planted(tok.vocab_size, pattern), tok, "planted", "phasekv", 4,
                        {"path": "planted", "train_len": train_len})
-        v = run_audit(em, tmp_path / out, max_gap=50.0, task="lookup", progress=False, **SMALL)
+        v = run_audit(em, tmp_path / out, margin=50.0, task="lookup", progress=False, **SMALL)
         return v, json.loads((tmp_path / out / "lookup" / "summary.json").read_text())
 
     def printed(show, what) -> list[str]:

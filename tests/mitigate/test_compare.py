@@ -99,3 +99,16 @@ def test_one_name_trained_two_ways_is_labelled_by_directory(evals, tmp_path):
     assert [r["label"] for r in s["models"]] == ["Full attention · 1 KV", "W4/S4 · 1 KV",
                                                  "W4/S4 · 1 KV (w4s4-1kv-other-data)"]
     assert s["models"][2]["model"] == "W4/S4 · 1 KV" and s["models"][2]["cache_rel"] == s["models"][1]["cache_rel"]
+
+
+def test_cache_against_the_reference_and_against_the_same_kv_heads():
+    """W8/S6 · 4 KV keeps 1/6 of full attention with four KV heads but 0.669 of Full attention · 1 KV's cache, the
+    model it replaces: both figures, the reference's the headline."""
+    from phasekv.mitigate.cost import add_costs
+
+    cfgs = {n: ModelConfig.from_name(n) for n in ("Full attention · 1 KV", "W8/S6 · 4 KV")}
+    rows = [{"label": n, "ensemble_k": 1} for n in cfgs]
+    add_costs(rows, cfgs, cfgs["Full attention · 1 KV"], 32768, Bench(reps=0), progress=False)
+    assert rows[1]["cache_rel"] == pytest.approx(11_219_072 / 16_777_216)
+    assert rows[1]["cache_same_kv"] == pytest.approx(11_219_072 / 67_108_864)
+    assert rows[0]["cache_rel"] == rows[0]["cache_same_kv"] == 1.0

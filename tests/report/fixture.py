@@ -31,8 +31,8 @@ def _write(path: Path, obj) -> None:
 
 def planted_accuracy(cfg: ModelConfig) -> np.ndarray:
     r = np.arange(M)
-    if not cfg.compressed:
-        return np.full(M, 0.95)
+    if not cfg.compressed:  # every prompt right: flat by equivalence even at this fixture's 48 prompts per group
+        return np.full(M, 1.0)
     low = 0.05 if cfg.gate == "uniform" else 0.1
     high = 0.6 if cfg.gate == "uniform" else 0.9
     return np.where(r % cfg.stride == cfg.stride - 1, low, high)

@@ -52,6 +52,9 @@ def test_c2_baselines_flat_under_both_paddings():
     assert claims.c2(bumpy).verdict == NOT_REPRODUCED
     one = Facts(lookup={"prefix": {FULL1: lookup(FLAT, 0)}})
     assert claims.c2(one).verdict == UNTESTABLE
+    wide = facts(**{FULL1: lookup([90, 90, 90, 89, 90, 90, 90, 90], 0, half=4.0)})  # gap 1 [0, 5]: not shown flat
+    v = claims.c2(wide)
+    assert v.verdict == NOT_REPRODUCED and "1.0 [0.0, 5.0] (undecided)" in v.reason and "δ = 3.5" in v.reason
 
 
 def test_c3_mean_near_full_attention_worst_at_floor():

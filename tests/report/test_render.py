@@ -96,7 +96,7 @@ def test_verdicts_follow_the_numbers(study_dir):
     assert got["W8/S8 · 1 KV · uniform averaging: still periodic without a learned gate"]
     assert got["W8/S8 · 1 KV: gap above Full attention · 1 KV's, intervals not overlapping"]
     assert got["Full attention · 1 KV: retrieves well above chance (mean's interval above 2× chance)"]
-    assert got["Full attention · 1 KV: flat (no residue dependence)"]
+    assert got["Full attention · 1 KV: flat (gap's 95% upper bound below δ = 3.5)"]
 
 
 def test_verdict_fails_when_numbers_do_not_show_it(study_dir, tmp_path):
@@ -121,7 +121,7 @@ def test_verdict_fails_when_numbers_do_not_show_it(study_dir, tmp_path):
     assert got["W8/S8 · 1 KV: gap above Full attention · 1 KV's, intervals not overlapping"] is False
     assert got["W8/S4 · 1 KV: detected period equals the stride S=4"] is True
     assert got["Full attention · 1 KV: retrieves well above chance (mean's interval above 2× chance)"] is False
-    assert got["Full attention · 1 KV: flat (no residue dependence)"] is None
+    assert got["Full attention · 1 KV: flat (gap's 95% upper bound below δ = 3.5)"] is None
     assert "not shown" in _check_rows(result) and "not checked" in _check_rows(result)
 
 
