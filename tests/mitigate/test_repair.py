@@ -186,6 +186,10 @@ def test_the_margin_is_a_goal_a_user_sets():
     assert evaluate(_summaries([bumpy]), UNREP, goals=Goals(seeds=1))["repaired"] == []
     assert evaluate(_summaries([bumpy]), UNREP, goals=Goals(seeds=1, margin=6.5))["repaired"] == [TIED]
     assert evaluate(_summaries([bumpy]), UNREP)["reference_flat"] == {"prefix": "flat", "in-sequence": "flat"}
+    noisy = _summaries([bumpy])
+    noisy["prefix"]["models"][0] = _row(FULL, mean=93.0, gap=1.0, gap_ci=(0.0, 4.0))
+    assert evaluate(noisy, UNREP)["verdict"].endswith("; warning: the reference Full attention · 1 KV is not flat by "
+                                                      "the rule under prefix padding (gap 1.0 [0.0, 4.0])")
 
 
 def test_a_record_keeps_earlier_designs_judged_by_the_current_rule(tmp_path):
