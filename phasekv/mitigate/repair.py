@@ -169,11 +169,14 @@ def evaluate(summaries: dict[str, dict], unrepaired: str, context: int = 32768, 
         designs.setdefault(m["design"], []).append(m)
     per_design = [seed_distribution(d, ms, goals) for d, ms in designs.items()]
     repaired = [d["design"] for d in per_design if d["meets"]]
+    ref_flat = {p: flatness(n["gap_ci"], goals.margin) for p, n in ref.items()}
+    warning = "".join(f"; warning: the reference {ref_label} is not flat by the rule under {p} padding (gap "
+                      f"{ref[p]['gap']:.1f} [{ref[p]['gap_ci'][0]:.1f}, {ref[p]['gap_ci'][1]:.1f}])"
+                      for p, f in ref_flat.items() if f != FLAT)
     return {"schema": SCHEMA, "goals": asdict(goals), "rule": flat_rule(goals.margin), "context": context,
             "reference": ref_label, "reference_model": ref_name, "unrepaired": unrepaired, "reference_numbers": ref,
-            "reference_flat": {p: flatness(n["gap_ci"], goals.margin) for p, n in ref.items()},
-            "models": models, "designs": per_design, "repaired": repaired,
-            "verdict": verdict_text(repaired, per_design, goals)}
+            "reference_flat": ref_flat, "models": models, "designs": per_design, "repaired": repaired,
+            "verdict": verdict_text(repaired, per_design, goals) + warning}
 
 
 def judge(m: dict, ref: dict[str, dict], ref_name: str, context: int, goals: Goals) -> dict:

@@ -186,6 +186,10 @@ def test_the_margin_is_a_goal_a_user_sets():
     assert evaluate(_summaries([bumpy]), UNREP, goals=Goals(seeds=1))["repaired"] == []
     assert evaluate(_summaries([bumpy]), UNREP, goals=Goals(seeds=1, margin=6.5))["repaired"] == [TIED]
     assert evaluate(_summaries([bumpy]), UNREP)["reference_flat"] == {"prefix": "flat", "in-sequence": "flat"}
+    noisy = _summaries([bumpy])
+    noisy["prefix"]["models"][0] = _row(FULL, mean=93.0, gap=1.0, gap_ci=(0.0, 4.0))
+    assert evaluate(noisy, UNREP)["verdict"].endswith("; warning: the reference Full attention · 1 KV is not flat by "
+                                                      "the rule under prefix padding (gap 1.0 [0.0, 4.0])")
 
 
 def test_a_record_keeps_earlier_designs_judged_by_the_current_rule(tmp_path):
@@ -272,9 +276,15 @@ def study(tmp_path_factory):
 def test_cli_writes_goals_frontier_and_the_report_section(study):
     app = typer.Typer()
     mitigate_cli.register(app)
+    record = study / "record.json"  # an earlier record: its design is kept, judged by this run's rule
+    record.write_text(json.dumps(seed_record(evaluate(_summaries([_row(_seeded(W12, 42))]), UNREP), "run A")))
     r = CliRunner().invoke(app, ["repair", str(study), "--unrepaired", "w4s4-1kv", "--bench-reps", "1",
-                                 "--bench-batch", "2", "--bench-seq-len", "32", "--decode-context", "32"])
+                                 "--bench-batch", "2", "--bench-seq-len", "32", "--decode-context", "32",
+                                 "--record", str(record), "--margin", "5"])
     assert r.exit_code == 0, r.output
+    kept = json.loads(record.read_text())
+    assert [d["source"] for d in kept["designs"]][-1] == "run A" and kept["goals"]["margin"] == 5.0
+    assert kept["designs"][-1]["design"] == W12 and "δ = 5 points" in kept["flat_rule"]
     goals = json.loads((study / "repair" / "goals.json").read_text())
     assert goals["schema"] == SCHEMA and goals["unrepaired"] == "W4/S4 · 1 KV" and goals["reference"] == FULL
     assert [m["label"] for m in goals["models"]] == ["W4/S4 · 1 KV", "W4/S4 · 2 KV · tied K/V · staggered heads · coverage reg 0.3"]
