@@ -292,10 +292,11 @@ def export_tasks_command(
     seed: int = COMMON["seed"], tokenizer: Path = COMMON["tokenizer"],
     trust_remote_code: bool = COMMON["trust_remote_code"],
 ) -> None:
-    """Write phasekv's position-matched tests as lm-evaluation-harness tasks, their prompts token for token as
-    `phasekv eval` builds them for --model's tokenizer and training data (give the directory lm-eval will load,
-    or a run with the same tokenizer); scored by loglikelihood: acc is full-vocabulary top-1 of the answer token.
-    Example: phasekv export-tasks tasks/ --model runs/w8s8, then lm_eval --include_path tasks/ --tasks
+    """Write phasekv's lookup and needle tests as lm-evaluation-harness tasks.
+
+    The prompts are token for token those `phasekv eval` builds for --model's tokenizer and training data (give
+    the directory lm-eval will load, or a run with the same tokenizer); scored by loglikelihood: acc is
+    full-vocabulary top-1 of the answer token. Example: phasekv export-tasks tasks/ --model runs/w8s8, then lm_eval --include_path tasks/ --tasks
     phasekv_lookup_prefix --log_samples --output_path out/ and phasekv analyze lm-eval out/."""
     from phasekv.eval.harness import export_tasks, task
     from phasekv.eval.models import load
@@ -312,8 +313,9 @@ def export_tasks_command(
 
 
 def lm_eval_command(ctx: typer.Context) -> None:
-    """Run lm-evaluation-harness's own command line (every option of `lm_eval`) with phasekv's model type
-    registered: `phasekv lm-eval --model phasekv --model_args run=DIR --include_path TASKS --tasks ...`.
+    """lm-evaluation-harness's command line with phasekv's model type: `--model phasekv`.
+
+    Every option of `lm_eval`, with phasekv's model type registered: `phasekv lm-eval --model phasekv --model_args run=DIR --include_path TASKS --tasks ...`.
     lm-eval 0.4.13 finds no third-party model types by itself; this is `lm_eval` with them (the extra lm-eval)."""
     import sys
 

@@ -25,6 +25,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from phasekv.data.tokenizer import special_ids
 from phasekv.errors import ConfigError
 from phasekv.eval.models import last_logits, load, resolve_device
 
@@ -36,9 +37,9 @@ log = logging.getLogger("lm_eval")  # lm-eval's own log
 class PhaseKVLM(TemplateLM):
     """An `EvalModel` (`phasekv.eval.models.load`) behind lm-eval's model interface."""
 
-    def __init__(self, run: str | None = None, pretrained: str | None = None, device: str | None = None, batch_size: int | str = AUTO_BATCH,
-                 max_batch_size: int | None = None, tokenizer: str | None = None,
-                 trust_remote_code: bool = False, **unused):
+    def __init__(self, run: str | None = None, pretrained: str | None = None, device: str | None = None,
+                 batch_size: int | str = AUTO_BATCH, max_batch_size: int | None = None, tokenizer: str | None = None,
+                 trust_remote_code: bool = False, **unused):  # max_batch_size: lm-eval passes it; batches are fixed
         super().__init__()
         if unused:
             raise ConfigError(f"--model_args: unknown argument(s) {', '.join(unused)} for --model phasekv "
@@ -49,7 +50,8 @@ class PhaseKVLM(TemplateLM):
         if str(device).startswith("cuda") and not torch.cuda.is_available():  # lm_eval's default is cuda:0
             log.warning(f"--device {device}: CUDA is not available, running on the CPU")
             device = "cpu"
-        self.em = load(Path(run or pretrained), device=device, trust_remote_code=trust_remote_code, tokenizer=tokenizer)
+        self.em = load(Path(run or pretrained), device=device, trust_remote_code=trust_remote_code,
+                       tokenizer=tokenizer)
         text = str(batch_size)
         self.batch = int(text) if text.isdigit() else AUTO_BATCH  # "auto", "auto:N"
         if self.batch < 1:
@@ -61,8 +63,9 @@ class PhaseKVLM(TemplateLM):
 
     @property
     def eot_token_id(self) -> int:
-        eos = getattr(self.tokenizer, "eos_token_id", None) if self.em.tok.hf else None
-        return eos if eos is not None else (self.em.tok.prefix or [0])[0]
+        """End of sequence: where generation stops, and lm-eval's context for an empty one."""
+        eos = self.tokenizer.eos_token_id if self.em.tok.hf else special_ids(self.tokenizer)["eos"]
+        return eos if eos is not None else (self.em.tok.prefix or [0])[0]  # a tokenizer without one: its BOS
 
     @property
     def max_length(self) -> int:

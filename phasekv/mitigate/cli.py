@@ -133,9 +133,10 @@ def analyze_lm_eval_command(
                                "model lm-eval ran, as far as its results say)."),
     margin: float = MARGIN,
 ) -> None:
-    """Read lm-eval's per-sample log of phasekv's tasks back: per task the residue profile with intervals, the gap,
-    the periodicity test and detected period as `phasekv eval` prints them, and the verdict and figure of
-    `phasekv audit` (OUT/TASK/audit.json, audit.png, and the evaluation beside them)."""
+    """Phase audit of lm-eval's per-sample log of phasekv's tasks (`phasekv export-tasks`).
+
+    Per task the residue profile with intervals, the gap, the periodicity test and detected period as
+    `phasekv eval` prints them, and the verdict and figure of `phasekv audit` (OUT/TASK/audit.json, audit.png, and the evaluation beside them)."""
     from phasekv.eval.harness import read_samples
     from phasekv.eval.report import print_summary
     from phasekv.mitigate.audit import audit_scored, print_verdict

@@ -104,3 +104,32 @@ def test_planted_weak_phase_through_lm_eval(models, tmp_path, monkeypatch):
     same_as_phasekv_eval(s, planted, tmp_path / "planted")
     summary = json.loads((tmp_path / "planted" / "lm" / "summary.json").read_text())
     assert summary["detected_period"] == 4 and summary["gap"] == 100.0
+
+
+def test_generation_and_rolling_loglikelihood(models):
+    """The model type's other two request kinds, against the model scored by hand: greedy generation, and
+    log P(text) over lm-eval's rolling windows (one window here: the text is shorter than the model's length)."""
+    from lm_eval.api.instance import Instance
+
+    from phasekv.eval.lm_model import PhaseKVLM
+    from phasekv.eval.models import last_logits
+
+    lm = PhaseKVLM(run=str(models / "w8s8"), device="cpu", batch_size=4)
+    text = "cat Adam dog Betty cat"
+
+    def request(kind, args):
+        return Instance(request_type=kind, doc={}, arguments=args, idx=0)
+
+    ids = lm.tok_encode(text)
+    want = []
+    for _ in range(3):
+        want.append(int(last_logits(lm.em.model, torch.tensor([ids + want])).argmax(-1)))
+    [got] = lm.generate_until([request("generate_until", (text, {"until": [], "max_gen_toks": 3}))])
+    assert got == lm.tok_decode(want)
+    words = lm.tok_encode(text, add_special_tokens=False)
+    full = [lm.prefix_token_id, *words]
+    with torch.no_grad():
+        logp = torch.log_softmax(lm.em.model(torch.tensor([full[:-1]]))[0].float(), -1)  # (T, V)
+    by_hand = float(logp.gather(1, torch.tensor(full[1:])[:, None]).sum())
+    [rolled] = lm.loglikelihood_rolling([request("loglikelihood_rolling", (text,))])
+    assert rolled == pytest.approx(by_hand, abs=1e-4)
