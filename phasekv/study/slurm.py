@@ -191,7 +191,7 @@ class SlurmExecutor(Executor):
     def __init__(self, root: Path, options: SlurmOptions, label: str = "study"):
         import submitit  # an optional dependency (the `cluster` extra)
 
-        self.submitit, self.root, self.options, self.label = submitit, Path(root), options, label
+        self.submitit, self.root, self.options, self.label = submitit, Path(root).absolute(), options, label
         self.book, self.waits, self.last_poll = JobBook(self.root), options.wait, 0.0
         self.live: dict | None = None  # {task: its job's record} of the jobs an earlier driver left queued or running
 

@@ -19,6 +19,7 @@ from phasekv.demo.plan import plan_for
 from phasekv.demo.runner import build_tasks, run_plan
 from phasekv.study import run_tasks
 from phasekv.study.slurm import SlurmExecutor, SlurmOptions
+from phasekv.train.checkpoint import latest_checkpoint
 from tests.reliability.helpers import ROOT, run_cli
 
 pytestmark = pytest.mark.cluster
@@ -44,19 +45,27 @@ def slurm(tmp_path_factory):
 
 
 def _summaries(root: Path) -> dict[str, dict]:
-    """Every stage's summary.json under `root`, without what depends on the machine (timings, paths)."""
-    out = {}
-    for p in sorted(root.rglob("summary.json")):
-        s = json.loads(p.read_text())
-        out[str(p.relative_to(root))] = {k: v for k, v in s.items()
-                                         if not any(w in k for w in ("time", "second", "path", "dir", "out"))}
-    return out
+    """Every stage's summary.json under `root`, its paths relative to `root`, without how and when it was made
+    (provenance) and what the machine's speed decides (timings, the comparison's measured costs)."""
+    drop = ("provenance", "second", "time", "per_s", "cost")
+
+    def scrub(x):
+        if isinstance(x, dict):
+            return {k: scrub(v) for k, v in x.items() if not any(w in k for w in drop)}
+        return [scrub(v) for v in x] if isinstance(x, list) else x
+
+    return {str(p.relative_to(root)): scrub(json.loads(p.read_text().replace(str(root), "OUT")))
+            for p in sorted(root.rglob("summary.json"))}
+
+
+def _weights(run: Path) -> dict:
+    return load_file(latest_checkpoint(run) / "model.safetensors")
 
 
 def test_plan_on_slurm_equals_local(slurm, tmp_path):
     local, cluster = tmp_path / "local", tmp_path / "slurm"
     t0 = time.time()
-    run_plan(local, PLAN, progress=False, report=False)
+    run_plan(local, PLAN, progress=False)
     t1 = time.time()
     run_plan(cluster, PLAN, progress=False, report=False, cluster=SlurmOptions(time=20))  # queue the graph, leave
     queued = json.loads((cluster / "jobs.json").read_text())
@@ -65,7 +74,7 @@ def test_plan_on_slurm_equals_local(slurm, tmp_path):
     code, out, err = run_cli("study", "status", cluster)
     assert code == 0 and "queued" in out, out + err
     print(f"[cluster] queued {len(queued)} jobs in {time.time() - t1:.0f} s; status:\n{out}")
-    run_plan(cluster, PLAN, progress=True, report=False, cluster=SlurmOptions(wait=True, time=20))  # a new driver
+    run_plan(cluster, PLAN, progress=True, cluster=SlurmOptions(wait=True, time=20))  # a new driver, then the report
     print(f"[cluster] local pool {t1 - t0:.0f} s, SLURM {time.time() - t1:.0f} s")
     jobs = json.loads((cluster / "jobs.json").read_text())
     assert jobs == queued  # the second driver waited for the queued jobs: nothing was submitted twice
@@ -75,11 +84,14 @@ def test_plan_on_slurm_equals_local(slurm, tmp_path):
         assert (folder / f"{rec['job_id']}_0_result.pkl").is_file(), name
     print("[cluster] jobs: " + ", ".join(f"{n} = {r['job_id']}" for n, r in jobs.items()))
     for alias in ("full-1kv", "w8s8-1kv"):
-        a, b = (load_file(r / "runs" / alias / "model.safetensors") for r in (local, cluster))
+        a, b = (_weights(r / "runs" / alias) for r in (local, cluster))
         assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a), alias
     same = _summaries(local)
     assert len(same) >= 10 and _summaries(cluster) == same
-    print(f"[cluster] equal to the local pool: both models' weights and {len(same)} summaries")
+    verdicts = [json.loads((r / "report" / "claims.json").read_text().replace(str(r), "OUT")) for r in (local, cluster)]
+    assert verdicts[0] == verdicts[1]
+    print(f"[cluster] equal to the local pool: both models' weights, {len(same)} summaries, the report's "
+          f"{len(verdicts[0])} verdicts")
     code, out, err = run_cli("study", "status", cluster)
     assert code == 0 and f"{len(tasks)} done, 0 running, 0 queued, 0 failed, 0 not submitted" in out, out + err
 
@@ -114,7 +126,7 @@ def test_a_requeued_training_ends_with_the_weights_of_an_uninterrupted_one(slurm
     assert result["resumed_from"] >= 10  # it resumed from a checkpoint, not from scratch
     print(f"[cluster] job {handle.job_id} signalled at step >= 15, requeued, resumed at step {result['resumed_from']},"
           f" done {time.time() - t0:.0f} s later")
-    a, b = load_file(tmp_path / "ref" / "model.safetensors"), load_file(tmp_path / "s/runs/w8s8-1kv/model.safetensors")
+    a, b = _weights(tmp_path / "ref"), _weights(tmp_path / "s" / "runs" / "w8s8-1kv")
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
     print("[cluster] the requeued run's weights equal the uninterrupted run's, bit for bit")
 
