@@ -139,9 +139,8 @@ def analyze_lm_eval_command(
     `phasekv eval` prints them, and the verdict and figure of `phasekv audit` (OUT/TASK/audit.json, audit.png, and the evaluation beside them)."""
     from phasekv.eval.harness import read_samples
     from phasekv.eval.report import print_summary
-    from phasekv.mitigate.audit import audit_scored, print_verdict
-
     from phasekv.eval.stats import FLAT_MARGIN
+    from phasekv.mitigate.audit import audit_scored, print_verdict
 
     out = out or output / "phasekv"
     for s in read_samples(output, stride):
