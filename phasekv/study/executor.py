@@ -6,6 +6,7 @@ SLURM job per task through submitit; a third engine (Ray, say) is one more small
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Protocol
 
@@ -21,7 +22,7 @@ class Handle(Protocol):
         ...
 
 
-class Executor:
+class Executor(ABC):
     """Runs tasks somewhere. `slots`: tasks at once (None: every ready task; a scheduler queues them); `chains`: it
     takes a task whose inputs are still being made, given the handles of the tasks making them (`after`), and starts
     it only once they have succeeded (SLURM's dependencies); `waits`: the driver stays until the graph is done (a
@@ -32,8 +33,9 @@ class Executor:
     chains = False
     waits = True
 
+    @abstractmethod
     def submit(self, task, after: list[Handle]) -> Handle:
-        raise NotImplementedError
+        """Start (or queue) `task` once the tasks behind `after` have succeeded -> its handle."""
 
     def wait(self, handles: list[Handle], timeout: float) -> list[Handle]:
         """The handles among `handles` that are done, after at most `timeout` seconds (sooner when one is)."""
@@ -56,9 +58,11 @@ class Executor:
 
     def cancel(self, handle: Handle) -> None:
         """Withdraw a submitted task whose inputs failed (a scheduler's queued job); a local pool never submits one."""
+        return None
 
     def close(self) -> None:
-        pass
+        """Release what the executor holds (a pool's workers)."""
+        return None
 
     def __enter__(self):
         return self
