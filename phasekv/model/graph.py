@@ -1,0 +1,92 @@
+"""Whole-model decode steps at static shapes, replayed as one CUDA graph per token (`graph=True`).
+
+At batch 1 a decode step of a small model is bound by kernel launches and Python, not by the GPU: a few hundred
+small kernels per token. `StaticDecoder` runs the step over the static form of every layer's cache
+(`attention.static`): fixed buffers for `capacity` tokens, the position a tensor on the device, no host
+synchronisation. With `graph=True` (CUDA) the first static step runs eagerly (warming cuBLAS and the plans), the
+next is captured once as a CUDA graph, and every later token copies its ids and position into the static
+inputs and replays it. On the CPU, or with `graph=False`, the same static step runs eagerly: the tests hold it
+equal to `PhaseLM.forward` with a cache; CUDA graphs themselves need a GPU (`benchmarks/gpu_check.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from phasekv.attention import static
+from phasekv.attention.attention import Attention
+from phasekv.attention.cache import PhaseCache
+from phasekv.errors import ConfigError
+from phasekv.model.transformer import PhaseLM, _hooked
+
+
+class StaticDecoder:
+    """Feeds one token per sequence per call to `model` and its `cache` (already holding a prompt, or empty),
+    -> logits (B, 1, V). Positions before a layer's `start` (its grid's first tokens) go through the eager step."""
+
+    def __init__(self, model: PhaseLM, cache: PhaseCache, capacity: int, graph: bool = False):
+        if capacity > model.config.max_seq_len:
+            raise ConfigError(f"capacity={capacity} exceeds the model's max_seq_len={model.config.max_seq_len}")
+        if model.beacon_embed is not None or not all(type(b.attn) is Attention for b in model.layers):
+            raise ConfigError(f"static decode runs the study's attention layers, not family={model.config.family!r}")
+        if _hooked(model):
+            raise ConfigError("static decode: remove the model's forward hooks first (a graph would skip them)")
+        device = model.embed.weight.device
+        if graph and device.type != "cuda":
+            raise ConfigError(f"graph=True needs a CUDA model, got device {device}")
+        self.model, self.cache, self.capacity, self.use_graph = model, cache, capacity, graph
+        self.start = max(static.start(b.attn) for b in model.layers)  # first position every layer steps statically
+        self.layers: list | None = None  # the layers' static steps, made at the first static position
+        B = cache.batch_size
+        self.ids = torch.zeros(B, 1, dtype=torch.long, device=device)  # static inputs: the token ...
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)  # ... and its position
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None  # the graph's output buffer
+
+    @torch.no_grad()
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, 1) -> logits (B, 1, V) of the next position; the cache advances by one token."""
+        cache = self.cache
+        if ids.shape != self.ids.shape:
+            raise ConfigError(f"ids must have shape {tuple(self.ids.shape)}, got {tuple(ids.shape)}")
+        if cache.pos >= self.capacity:
+            raise ConfigError(f"the static cache holds capacity={self.capacity} tokens: all used")
+        if cache.pos < self.start:
+            return self.model(ids, cache=cache)  # the grids' first tokens: the eager step
+        self.ids.copy_(ids)
+        self.pos.fill_(cache.pos)
+        if self.graph is not None:
+            self.graph.replay()
+            out = self.logits.clone()
+        elif self.layers is None:  # the first static step, run eagerly (off the default stream for a graph)
+            self.layers = [static.make(b.attn, c, cache.batch_size, self.capacity)
+                           for b, c in zip(self.model.layers, cache.layers, strict=True)]
+            out = self._warm_step() if self.use_graph else self._step()
+        elif self.use_graph:  # the second: captured (recorded, not run), then replayed
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = self._step()
+            self.graph.replay()
+            out = self.logits.clone()
+        else:
+            out = self._step()
+        cache.pos += 1
+        for layer in self.layers:
+            layer.sync(cache.pos)
+        return out
+
+    def _warm_step(self) -> torch.Tensor:
+        """`_step` on a side stream, as CUDA graph capture wants its warm-up (cuBLAS workspaces, lazy tables)."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = self._step()
+        torch.cuda.current_stream().wait_stream(side)
+        return out
+
+    def _step(self) -> torch.Tensor:
+        """The static step: `PhaseLM.forward` of one token over the static layer caches."""
+        x = self.model.embed(self.ids)  # (B, 1, d)
+        for block, layer in zip(self.model.layers, self.layers, strict=True):
+            x = block(x, self.pos, layer)
+        return self.model.head(x)  # (B, 1, V)
