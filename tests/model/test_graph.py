@@ -4,6 +4,7 @@ eager step continues. CUDA graphs themselves need a GPU: benchmarks/gpu_check.py
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from phasekv import ModelConfig, PhaseLM
 from phasekv.errors import ConfigError
@@ -71,3 +72,38 @@ def test_static_refuses_what_it_cannot_run():
     dec(torch.zeros(1, 1, dtype=torch.long))
     with pytest.raises(ConfigError, match="capacity=5 tokens: all used"):
         dec(torch.zeros(1, 1, dtype=torch.long))
+
+
+class SyncWatch(TorchDispatchMode):
+    """Records the ops that read a tensor's value back to the host (a CUDA graph cannot capture them)."""
+
+    HOST_READS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
+                  "aten.is_nonzero.default"}
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func) in self.HOST_READS:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ["Full attention · 1 KV", "W8/S4 · 2 KV · staggered heads",
+                                  "W6/S3 · 1 KV · V4 compressor · uncompressed tail · attention sink"])
+def test_static_step_reads_nothing_back_to_the_host(name):
+    """What lets CUDA capture the step: no `.item()`, `int(tensor)`, `nonzero` in it (the eager step has some)."""
+    model = model_of(name)
+    cache = model.new_cache(1)
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    with torch.no_grad():
+        model(torch.zeros(1, 20, dtype=torch.long), cache=cache)
+        dec = StaticDecoder(model, cache, capacity=40)
+        dec(ids)
+        static, eager = SyncWatch(), SyncWatch()
+        with static:
+            dec._step()
+        with eager:
+            model(ids, cache=cache)
+    assert static.seen == [] and eager.seen
