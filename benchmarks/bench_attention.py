@@ -108,7 +108,9 @@ def main(argv: list[str] | None = None) -> dict:
            f"(d_model {cfg.d_model}, {cfg.n_heads}x{cfg.head_dim} query heads, 1 KV head), batch 1", args,
            f"{args.warmup} warm-up call(s) of every contender at every length, then medians of {args.reps} "
            f"interleaved turns; ratio = / full SDPA; bound = (T/S + n_local)/(T/2); TFLOP/s and GB/s: the "
-           f"attention's FLOPs and bytes (see --help) over the layer's time" +
+           f"attention's FLOPs, 4 H D K with K = T^2/2 (causal) or T^2/(2S) + T n_local (compressed) query-key "
+           f"pairs, and bytes, D (2 H T + 2 n_kv (T + T/S)) elements, each x{BWD_FLOPS} and x{BWD_BYTES} for "
+           f"fwd+bwd, over the layer's time (projections and compressor not counted)" +
            (f"; peaks {PEAK_TFLOPS:.0f} TFLOP/s, {PEAK_TBS} TB/s" if device.type == "cuda" else ""))
     backends = []
     for b in args.backends.split(","):
