@@ -44,11 +44,11 @@ sections() {
   section attention 190 "$PY" benchmarks/bench_attention.py --device cuda --dtype bf16 \
     --train-lengths 4096,16384,65536 --fwd-lengths 131072 --backends blockwise,flex,triton --reps 5 --warmup 2 \
     --json "$WORK/attention.json"
-  section decode 90 bash -c "'$PY' benchmarks/bench_decode.py --device cuda --graph-check 2048 &&
+  section decode 90 bash -c "'$PY' benchmarks/bench_decode.py --device cuda --graph-check 2048; check=\$?
     '$PY' benchmarks/bench_decode.py --device cuda --dtype bf16 --contexts 32768,131072 --batch 1 --graph \
       --reps 30 --json '$WORK/decode-batch1.json' &&
     '$PY' benchmarks/bench_decode.py --device cuda --dtype bf16 --contexts 32768,131072 --batch 32 --graph \
-      --reps 30 --json '$WORK/decode-batch32.json'"
+      --reps 30 --json '$WORK/decode-batch32.json' && exit \$check"
   section train 45 "$PY" benchmarks/train_throughput.py --device cuda --dtype bf16 --presets tiny,small --reps 10 \
     --json "$WORK/train.json"
   echo
