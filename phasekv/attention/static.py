@@ -23,6 +23,7 @@ import torch
 
 from phasekv.attention import decode
 from phasekv.attention.cache import CompressedLayerCache, FullLayerCache, InFlight
+from phasekv.attention.compressor import Partial
 from phasekv.errors import ConfigError
 
 
@@ -92,7 +93,8 @@ class StaticCompressed:
             reserve(store, self.n, like)
         cache.inflight = cache.inflight or InFlight.of(cache.partials, (batch, n_br, k, n_kv, G, D), like)
         self.rows = [(torch.stack(r.rows), torch.stack(r.bias)) for _, r in cache.plan.phases]  # (S, R, d), (S, R)
-        self.entry_j = torch.arange(self.n, device=like.device)  # (n,)
+        self.entry_end = g.entry_end(torch.arange(self.n, device=like.device))  # (n,): seen from t = its end on
+        self.seen = like.new_ones(batch, 1, n_kv, G)  # z of the oldest window's partial: it holds a token
 
     def step(self, attn, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """One token h (B, 1, d) at position t (1,), t >= `start(attn)` -> z (B, H, 1, D), as `decode.step`."""
@@ -106,7 +108,7 @@ class StaticCompressed:
         if cache.entries_v is not None:
             values.index_copy_(2, slot, v[:, :, None])
         cache.ring_pos.index_copy_(0, slot, t)
-        hidden = torch.cat([~g.sees_exact(t, cache.ring_pos), ~g.sees_entry(t, self.entry_j)])  # (keep + n,)
+        hidden = torch.cat([~g.sees_exact(t, cache.ring_pos), self.entry_end > t])  # (keep + n,): ~Grid.sees_entry
         return decode.read(q, keys, values, hidden, attn.sinks)
 
     def _extend(self, attn, x: torch.Tensor, t: torch.Tensor) -> None:
@@ -130,7 +132,8 @@ class StaticCompressed:
         lse = torch.logaddexp(state.lse, s)  # (B, n_br, n, n_kv, G)
         state.mean.lerp_(payload, (s - lse).exp_())
         state.lse.copy_(lse)
-        raw = [b.finalize(p) for b, p in zip(attn.compressor.branches(), state.partials(slice(0, 1)), strict=True)]
+        oldest = [Partial(state.lse[:, b, :1], self.seen, state.mean[:, b, :1]) for b in range(state.lse.shape[1])]
+        raw = [b.finalize(p) for b, p in zip(attn.compressor.branches(), oldest, strict=True)]
         ek, ev = attn.compressor.entry_kv(raw, j, attn.k_norm)  # (B, n_kv, 1, D): seen from its last token on
         cache.entries_k.buf.index_copy_(2, self.keep + j, ek)
         if cache.entries_v is not None:
