@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from phasekv.attention import static
+from phasekv.attention import decode, static
 from phasekv.attention.attention import Attention
 from phasekv.attention.cache import PhaseCache
 from phasekv.errors import ConfigError
@@ -51,6 +51,8 @@ class StaticDecoder:
             raise ConfigError(f"ids must have shape {tuple(self.ids.shape)}, got {tuple(ids.shape)}")
         if cache.pos >= self.capacity:
             raise ConfigError(f"the static cache holds capacity={self.capacity} tokens: all used")
+        if not decode.enabled():
+            raise ConfigError("static decode runs the one-token step: not under use_backend('reference')")
         if cache.pos < self.start:
             return self.model(ids, cache=cache)  # the grids' first tokens: the eager step
         self.ids.copy_(ids)

@@ -7,6 +7,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from phasekv import ModelConfig, PhaseLM
+from phasekv.attention import blockwise
 from phasekv.errors import ConfigError
 from phasekv.model.graph import StaticDecoder
 from tests.attention.variants import REPAIR_VARIANTS, V4_VARIANTS
@@ -69,6 +70,8 @@ def test_static_refuses_what_it_cannot_run():
     cache = model.new_cache(1)
     model(torch.zeros(1, 4, dtype=torch.long), cache=cache)
     dec = StaticDecoder(model, cache, capacity=5)
+    with pytest.raises(ConfigError, match="not under use_backend"), blockwise.use_backend("reference"):
+        dec(torch.zeros(1, 1, dtype=torch.long))
     dec(torch.zeros(1, 1, dtype=torch.long))
     with pytest.raises(ConfigError, match="capacity=5 tokens: all used"):
         dec(torch.zeros(1, 1, dtype=torch.long))
