@@ -40,18 +40,18 @@ sections() {
   echo
   echo "## env"
   cat "$WORK/env.txt"
-  section check 60 "$PY" benchmarks/gpu_check.py
-  for backend_limit in blockwise:45 triton:70 flex:75; do  # one process each: a backend over its limit spares the others
+  section check 90 "$PY" benchmarks/gpu_check.py
+  for backend_limit in blockwise:40 triton:60 flex:70; do  # one process each: a backend over its limit spares the others
     section "attention ${backend_limit%:*}" "${backend_limit#*:}" "$PY" benchmarks/bench_attention.py --device cuda \
       --dtype bf16 --train-lengths 4096,16384,65536 --fwd-lengths 131072 --backends "${backend_limit%:*}" --reps 5 \
       --warmup 2 --json "$WORK/attention-${backend_limit%:*}.json"
   done
-  section decode 90 bash -c "'$PY' benchmarks/bench_decode.py --device cuda --graph-check 2048; check=\$?
+  section decode 80 bash -c "'$PY' benchmarks/bench_decode.py --device cuda --graph-check 2048; check=\$?
     '$PY' benchmarks/bench_decode.py --device cuda --dtype bf16 --contexts 32768,131072 --batch 1 --graph \
       --reps 30 --json '$WORK/decode-batch1.json' &&
     '$PY' benchmarks/bench_decode.py --device cuda --dtype bf16 --contexts 32768,131072 --batch 32 --graph \
       --reps 30 --json '$WORK/decode-batch32.json' && exit \$check"
-  section train 45 "$PY" benchmarks/train_throughput.py --device cuda --dtype bf16 --presets tiny,small --reps 10 \
+  section train 40 "$PY" benchmarks/train_throughput.py --device cuda --dtype bf16 --presets tiny,small --reps 10 \
     --json "$WORK/train.json"
   echo
   echo "all sections: $((SECONDS - start)) s wall"
