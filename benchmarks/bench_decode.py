@@ -137,7 +137,7 @@ def step_ratio(argv: list[str] | None = None) -> None:
 def graph_check(device: torch.device, context: int = 2048, steps: int = 64, preset: str = "small") -> bool:
     """The CUDA-graph model step's logits against the eager step's, fp32, `preset`, batch 2, after a real
     prompt of `context` tokens: PASS/FAIL lines; True when all pass. On the CPU the static step without a graph."""
-    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 here
+    tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False  # fp32 means fp32
     ok, graph_on = True, device.type == "cuda"
     for name in ("full-1kv", "w8s8-1kv", "W8/S4 · 2 KV · staggered heads"):
         torch.manual_seed(0)
@@ -161,7 +161,7 @@ def graph_check(device: torch.device, context: int = 2048, steps: int = 64, pres
         ok &= diff <= GRAPH_TOL
         print(f"{'PASS' if diff <= GRAPH_TOL else 'FAIL'} {'CUDA-graph' if graph_on else 'static'} decode · {name} · {steps} steps after "
               f"{context} tokens vs eager: max abs diff {diff:.2e} (tolerance {GRAPH_TOL:g})", flush=True)
-    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = tf32
     return ok
 
 
