@@ -27,7 +27,7 @@ from phasekv import ModelConfig, PhaseLM
 from phasekv.attention import blockwise, decode
 from phasekv.attention.cache import FullLayerCache, PhaseCache
 from phasekv.model.cli import cache_bytes
-from phasekv.model.graph import StaticDecoder
+from phasekv.model.graph import MAX_PHASES, StaticDecoder
 
 REAL_TAIL = 64  # tokens fed for real after the synthetic fill
 STEP_GOAL = 0.35  # W8/S8 / full one-layer step at 32K, batch 1, at most (issue 20)
@@ -185,11 +185,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     header(f"decode: full attention vs W8/S8 · 1 KV, preset {args.preset}, batch {args.batch}", args,
            f"caches filled synthetically up to context-{REAL_TAIL}, then {REAL_TAIL} real tokens; 3 warm-up steps "
            f"of every contender, then medians of {args.reps} interleaved single-token steps and the best one "
-           "(no preemption)" + ("; graph = the model step replayed as one CUDA graph (CPU: its static step)"
+           "(no preemption)" + (f"; graph = the model step replayed as one CUDA graph per phase (CPU: its static "
+                                f"step), after {3 + MAX_PHASES} warm-up steps (each phase's capture)"
                                 if args.graph else ""))
     torch.manual_seed(0)
     contexts = [int(c) for c in args.contexts.split(",")]
-    steps = 3 + args.reps  # warm-up and timed steps of each contender
+    graph_warmup = 3 + MAX_PHASES  # the graph's: its first step eager, then each phase's capture
+    steps = graph_warmup + args.reps  # warm-up and timed steps of each contender, at most
     models = {}
     for name in ("full-1kv", "w8s8-1kv"):  # room for the timed steps past the longest context
         cfg = ModelConfig.from_name(name, preset=args.preset, max_seq_len=max(contexts) + steps + 64)
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                           for n, m in models.items()}
                 try:
                     t["graph"] = interleaved({n: s.graph_step(context + steps) for n, s in graphs.items()},
-                                             args.reps, device, warmup=3)
+                                             args.reps, device, warmup=graph_warmup)
                 except Exception as e:  # the eager figures still come
                     print(f"graph step failed at {context}: {type(e).__name__}: {str(e).splitlines()[0][:200]}; "
                           "timed eagerly only from here", flush=True)

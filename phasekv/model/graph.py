@@ -3,13 +3,17 @@
 At batch 1 a decode step of a small model is bound by kernel launches and Python, not by the GPU: a few hundred
 small kernels per token. `StaticDecoder` runs the step over the static form of every layer's cache
 (`attention.static`): fixed buffers for `capacity` tokens, the position a tensor on the device, no host
-synchronisation. With `graph=True` (CUDA) the first static step runs eagerly (warming cuBLAS and the plans), the
-next is captured once as a CUDA graph, and every later token copies its ids and position into the static
-inputs and replays it. On the CPU, or with `graph=False`, the same static step runs eagerly: the tests hold it
+synchronisation. With `graph=True` (CUDA) the first static step runs eagerly (warming cuBLAS and the plans);
+after it one graph per phase of the token (its position mod the strides' least common multiple, at most
+`MAX_PHASES`: each graph carries its phase's compressor rows alone, and the window completion only where the
+phase ends a window) is captured at its phase's first token, and every later token copies its ids and position
+into the static inputs and replays its phase's graph (strides beyond `MAX_PHASES`: one graph for every phase). On the CPU, or with `graph=False`, the same static step runs eagerly: the tests hold it
 equal to `PhaseLM.forward` with a cache; CUDA graphs themselves need a GPU (`benchmarks/gpu_check.py`).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -18,6 +22,8 @@ from phasekv.attention.attention import Attention
 from phasekv.attention.cache import PhaseCache
 from phasekv.errors import ConfigError
 from phasekv.model.transformer import PhaseLM, _hooked
+
+MAX_PHASES = 16  # graphs per decoder at most (one per phase of the token): more strides share one graph
 
 
 class StaticDecoder:
@@ -40,8 +46,10 @@ class StaticDecoder:
         B = cache.batch_size
         self.ids = torch.zeros(B, 1, dtype=torch.long, device=device)  # static inputs: the token ...
         self.pos = torch.zeros(1, dtype=torch.long, device=device)  # ... and its position
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.logits: torch.Tensor | None = None  # the graph's output buffer
+        strides = [b.attn.grid.stride for b in model.layers if b.attn.grid is not None]
+        period = math.lcm(*strides) if strides else 1
+        self.period = period if period <= MAX_PHASES else None  # None: the phase computed on the device
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # phase -> graph, its logits buffer
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
@@ -57,25 +65,34 @@ class StaticDecoder:
             return self.model(ids, cache=cache)  # the grids' first tokens: the eager step
         self.ids.copy_(ids)
         self.pos.fill_(cache.pos)
-        if self.graph is not None:
-            self.graph.replay()
-            out = self.logits.clone()
-        elif self.layers is None:  # the first static step, run eagerly (off the default stream for a graph)
+        phase = None if self.period is None else cache.pos % self.period
+        if self.layers is None:  # the first static step, run eagerly (off the default stream for a graph)
             self.layers = [static.make(b.attn, c, cache.batch_size, self.capacity)
                            for b, c in zip(self.model.layers, cache.layers, strict=True)]
+            self._at(cache.pos)
             out = self._warm_step() if self.use_graph else self._step()
-        elif self.use_graph:  # the second: captured (recorded, not run), then replayed
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.logits = self._step()
-            self.graph.replay()
-            out = self.logits.clone()
-        else:
+        elif not self.use_graph:
+            self._at(cache.pos)
             out = self._step()
+        else:
+            if phase not in self.graphs:  # its first token: captured (recorded, not run), then replayed
+                self._at(cache.pos)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self.graphs[phase] = graph, self._step()
+            graph, logits = self.graphs[phase]
+            graph.replay()
+            out = logits.clone()
         cache.pos += 1
         for layer in self.layers:
             layer.sync(cache.pos)
         return out
+
+    def _at(self, pos: int) -> None:
+        """Tell the compressed layers the phase of the step at pos (when each phase has its graph)."""
+        for layer in self.layers:
+            if isinstance(layer, static.StaticCompressed):
+                layer.at(None if self.period is None else pos)
 
     def _warm_step(self) -> torch.Tensor:
         """`_step` on a side stream, as CUDA graph capture wants its warm-up (cuBLAS workspaces, lazy tables)."""

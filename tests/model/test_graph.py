@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from phasekv import ModelConfig, PhaseLM
 from phasekv.attention import blockwise
 from phasekv.errors import ConfigError
+from phasekv.model import graph
 from phasekv.model.graph import StaticDecoder
 from tests.attention.variants import REPAIR_VARIANTS, V4_VARIANTS
 
@@ -45,6 +46,19 @@ def test_static_step_equals_eager(name):
     ref, _ = decode(model, ids, prompt=19)
     out, dec = decode(model, ids, prompt=19, static_until=48)  # the last 8 tokens: eager steps on its cache
     assert dec.layers is not None and dec.start <= 19  # every step after the prompt was static
+    assert (out - ref).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["W8/S4 · 2 KV · staggered heads", "W8/S8 · 2 KV · V4 compressor · attention sink · "
+                                  "staggered windows", "W8/S8 · 1 KV · uniform averaging · tied K/V · post-norm"])
+def test_static_step_with_the_phase_on_the_device(name, monkeypatch):
+    """Strides whose phases would need too many graphs: one step for every phase, the phase computed from t."""
+    monkeypatch.setattr(graph, "MAX_PHASES", 1)
+    model = model_of(name)
+    ids = torch.randint(0, 61, (2, 56))
+    ref, _ = decode(model, ids, prompt=19)
+    out, dec = decode(model, ids, prompt=19, static_until=48)
+    assert dec.period is None and all(getattr(layer, "phase", None) is None for layer in dec.layers)
     assert (out - ref).abs().max() <= 1e-5
 
 
