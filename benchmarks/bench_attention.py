@@ -25,6 +25,7 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 from common import add_common_args, fmt_t, header, setup, sync
 
 from phasekv import ModelConfig
@@ -33,6 +34,7 @@ from phasekv.attention.attention import Attention
 
 MODELS = {"W8/S8": "w8s8-1kv", "W8/S4": "w8s4-1kv"}
 FULL = "full"
+KERNEL = "alone"  # contenders timing the attention alone (`--kernels`)
 # W8/S8 / full at most, by (T, pass); W8/S4's target scales by its own bound: target x bound(S4) / bound(S8)
 TARGETS = {(4096, "fwd+bwd"): 0.5, (16384, "fwd+bwd"): 0.35, (65536, "fwd+bwd"): 0.3, (131072, "fwd"): 0.3}
 PEAK_TFLOPS, PEAK_TBS = 790.0, 4.3  # one H200, bf16 dense matmul and device copies (measured)
@@ -70,6 +72,29 @@ def step(attn: Attention, backend: str, h: torch.Tensor, pos: torch.Tensor, up: 
     return call
 
 
+def kernel_step(cfg: ModelConfig, grid, backend: str | None, T: int, train: bool, device, dtype):
+    """The attention alone, no projections or compressor: causal SDPA (backend None), or the backend's parallel
+    path (`blockwise.<backend>_attention`) over random entries, queries, keys and values of the layer's shape."""
+    H, n_kv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    make = lambda *shape: torch.randn(*shape, device=device, dtype=dtype, requires_grad=train)  # noqa: E731
+    q, k, v = make(1, H, T, D), make(1, n_kv, T, D), make(1, n_kv, T, D)
+    up = torch.randn(1, H, T, D, device=device, dtype=dtype) if train else None
+    if backend is None:
+        attend = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+    else:
+        fn, pos = getattr(blockwise, f"{backend}_attention"), torch.arange(T, device=device)
+        ek, ev = make(1, n_kv, grid.n_complete(T), D), make(1, n_kv, grid.n_complete(T), D)
+        attend = lambda: fn(q, pos, ek, ev, k, v, grid)  # noqa: E731
+
+    def call():
+        if up is None:
+            with torch.no_grad():
+                attend()
+        else:
+            attend().backward(up)
+    return call
+
+
 def timed(fn, device) -> float:
     sync(device)
     t = time.perf_counter()
@@ -94,6 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
                    "does not exist or fails is skipped)")
     p.add_argument("--reps", type=int, default=5, help="timed turns per length (medians)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls of every contender at every length")
+    p.add_argument("--kernels", action="store_true", help="also time the attention alone (SDPA, each backend's "
+                   "parallel path over random entries), no projections or compressor")
     p.add_argument("--json", default="", help="also write the figures to this JSON file")
     args = p.parse_args(argv)
     if args.reps < 1 or args.warmup < 1:
@@ -122,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     runs = [(int(t), "fwd+bwd") for t in args.train_lengths.split(",") if t] + \
            [(int(t), "fwd") for t in args.fwd_lengths.split(",") if t]
     rows, failed = [], set()
-    print(f"{'T':>7} {'pass':>7} {'contender':>17} | {'first':>9} {'warm':>9} {'ratio':>6} {'bound':>6} "
+    print(f"{'T':>7} {'pass':>7} {'contender':>23} | {'first':>9} {'warm':>9} {'ratio':>6} {'bound':>6} "
           f"{'target':>6} | {'TFLOP/s':>8} {'GB/s':>8}" + (f" {'%peak':>6} {'%peak':>6}" if device.type == "cuda" else "")
           + " | verdict")
     for T, kind in runs:
@@ -133,6 +160,10 @@ def main(argv: list[str] | None = None) -> dict:
         fns = {FULL: step(full, "blockwise", h, pos, up)}
         fns |= {f"{k} {b}": step(a, b, h, pos, up) for k, a in layers.items() for b in backends
                 if (f"{k} {b}", kind) not in failed}
+        if args.kernels:
+            fns[f"{FULL} {KERNEL}"] = kernel_step(cfg, None, None, T, train, device, dtype)
+            fns |= {f"{k} {b} {KERNEL}": kernel_step(a.cfg, a.grid, b, T, train, device, dtype)
+                    for k, a in layers.items() for b in backends if (f"{k} {b} {KERNEL}", kind) not in failed}
         first = {}
         for name, fn in list(fns.items()):  # warm every contender at this length before timing any
             try:
@@ -152,7 +183,8 @@ def main(argv: list[str] | None = None) -> dict:
             arch = name.split(" ")[0]
             c = cfgs[arch]
             flops, nbytes = work(c, T, train, torch.finfo(dtype).bits // 8)
-            ratio = med[name] / med[FULL] if FULL in med else float("nan")
+            ref = f"{FULL} {KERNEL}" if name.endswith(KERNEL) else FULL  # the attention alone against SDPA alone
+            ratio = med[name] / med[ref] if ref in med else float("nan")
             b = bound(c, T) if c.compressed else None
             goal = target(arch, T, kind, cfgs) if c.compressed else None
             verdict = "" if goal is None else ("PASS" if ratio <= goal else "MISS")
@@ -162,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append(row)
             peak = (f" {row['tflops'] / PEAK_TFLOPS:>6.1%} {row['gbs'] / 1e3 / PEAK_TBS:>6.1%}"
                     if device.type == "cuda" else "")
-            print(f"{T:>7} {kind:>7} {name:>17} | {fmt_t(first[name]):>9} {fmt_t(med[name]):>9} {ratio:>6.3f} "
+            print(f"{T:>7} {kind:>7} {name:>23} | {fmt_t(first[name]):>9} {fmt_t(med[name]):>9} {ratio:>6.3f} "
                   f"{f'{b:.3f}' if c.compressed else '':>6} {'' if goal is None else f'{goal:.3f}':>6} | "
                   f"{row['tflops']:>8.3g} {row['gbs']:>8.4g}{peak} | {verdict}", flush=True)
         del h, up, fns

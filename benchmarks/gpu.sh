@@ -3,11 +3,12 @@
 # its CUDA torch and packages, phasekv from this tree (PYTHONPATH), no venv, no pip, no network.
 #   bash benchmarks/gpu.sh [OUT_FILE]       (default: $OUT/gpu-results.txt, else benchmarks/gpu-results.txt)
 #   PYTHON=/path/to/python bash benchmarks/gpu.sh     (another interpreter)
-# Sections, each under its own time limit (seconds; ~7 minutes in all on one H200, compiles included) and
-# followed by its wall time: env (benchmarks/gpu_env.py: a one-line error naming a missing package), check
-# (gpu_check.py: the fast paths against the reference), attention (bench_attention.py, one process per backend
-# beside full SDPA, every contender warmed up at every length), decode (the CUDA-graph step against eager, then
-# bench_decode.py at batch 1 and 32), train (train_throughput.py). The figures go to OUT_FILE and, machine-readable, to OUT_FILE's .json beside it; only a
+# Sections, each under its own time limit (seconds; at most ~4.5 minutes in all on one H200, compiles included)
+# and followed by its wall time: env (benchmarks/gpu_env.py: a one-line error naming a missing package), check
+# (gpu_check.py: the fast paths against the reference), attention (bench_attention.py, blockwise and triton in one
+# process, flex in another, beside full SDPA, layers and the attention alone, every contender warmed up at every
+# length), decode (the CUDA-graph step against eager, then bench_decode.py at batch 1 and 32), train
+# (train_throughput.py). The figures go to OUT_FILE and, machine-readable, to OUT_FILE's .json beside it; only a
 # complete run replaces them (one with a failed section leaves OUT_FILE.partial and exits 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +34,18 @@ section() {  # NAME LIMIT_S COMMAND...: run, print its wall time, note a failure
   [ $rc -eq 0 ] || echo "$name" >> "$WORK/failed"
 }
 
+# the decode section in one process: the CUDA-graph step against eager, then batch 1 and 32 (a failed check
+# still leaves the figures, and fails the section)
+DECODE="import sys; sys.path[:0] = ['benchmarks']; import bench_decode
+try:
+    bench_decode.main(['--device', 'cuda', '--graph-check', '2048']); failed = False
+except SystemExit as e:
+    print(e); failed = True
+for batch in ('1', '32'):
+    bench_decode.main(['--device', 'cuda', '--dtype', 'bf16', '--contexts', '32768,131072', '--batch', batch, '--graph',
+                       '--reps', '20', '--json', '$WORK/decode-batch' + batch + '.json'])
+sys.exit(failed)"
+
 sections() {
   local start=$SECONDS
   echo "# phasekv GPU benchmarks · $(date -u '+%Y-%m-%d %H:%M UTC') · commit ${PHASEKV_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
@@ -40,18 +53,15 @@ sections() {
   echo
   echo "## env"
   cat "$WORK/env.txt"
-  section check 90 "$PY" benchmarks/gpu_check.py
-  for backend_limit in blockwise:40 triton:60 flex:70; do  # one process each: a backend over its limit spares the others
-    section "attention ${backend_limit%:*}" "${backend_limit#*:}" "$PY" benchmarks/bench_attention.py --device cuda \
-      --dtype bf16 --train-lengths 4096,16384,65536 --fwd-lengths 131072 --backends "${backend_limit%:*}" --reps 5 \
-      --warmup 2 --json "$WORK/attention-${backend_limit%:*}.json"
+  section check 65 "$PY" benchmarks/gpu_check.py
+  for backends_limit in blockwise,triton:50 flex:60; do  # flex apart: its compiles past its limit spare the others
+    backends=${backends_limit%:*}
+    section "attention $backends" "${backends_limit#*:}" "$PY" benchmarks/bench_attention.py --device cuda \
+      --dtype bf16 --train-lengths 4096,16384,65536 --fwd-lengths 131072 --backends "$backends" --kernels --reps 5 \
+      --warmup 2 --json "$WORK/attention-${backends/,/-}.json"
   done
-  section decode 80 bash -c "'$PY' benchmarks/bench_decode.py --device cuda --graph-check 2048; check=\$?
-    '$PY' benchmarks/bench_decode.py --device cuda --dtype bf16 --contexts 32768,131072 --batch 1 --graph \
-      --reps 30 --json '$WORK/decode-batch1.json' &&
-    '$PY' benchmarks/bench_decode.py --device cuda --dtype bf16 --contexts 32768,131072 --batch 32 --graph \
-      --reps 30 --json '$WORK/decode-batch32.json' && exit \$check"
-  section train 40 "$PY" benchmarks/train_throughput.py --device cuda --dtype bf16 --presets tiny,small --reps 10 \
+  section decode 60 "$PY" -c "$DECODE"
+  section train 20 "$PY" benchmarks/train_throughput.py --device cuda --dtype bf16 --presets tiny,small --reps 10 \
     --json "$WORK/train.json"
   echo
   echo "all sections: $((SECONDS - start)) s wall"
