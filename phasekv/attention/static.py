@@ -12,7 +12,8 @@ the same kernels at every token, so here
   the same W/S windows), and the oldest window's entry is written at every step to its slot, which no query
   sees before the window's last token; the in-flight windows move one slot older where phi = S - 1.
   A caller that knows the phase (one graph per phase: `StaticCompressed.phase`) gets a step with the phase's
-  rows alone, which completes the oldest window only at phi = S - 1: 30-40 fewer kernels per layer.
+  rows alone, which completes the oldest window only at phi = S - 1: ~40 fewer kernels per layer. A local
+  window's ring, once full, holds only tokens the query sees: its mask is constant.
 The result equals `decode.step`'s (tests: every variant with S | W, eager and static side by side); a layer
 feeds its first tokens, before every phase has its windows in flight (`start`), through `decode.step`.
 Staggered heads keep their last hidden states in place; S not dividing W (W5/S2: phases feed 2 or 3 windows)
@@ -43,14 +44,15 @@ def reserve(store, capacity: int, like: torch.Tensor) -> None:
 
 def start(attn) -> int:
     """The first position layer `attn`'s static step may take: from there on every phase has its W/S windows in
-    flight and every staggered head its token (0 for full attention)."""
+    flight, every staggered head its token and a local window's ring is full (0 for full attention)."""
     g = attn.grid
     if g is None:
         return 0
     if g.window % g.stride:
         raise ConfigError(f"static decode needs the stride to divide the window, got W{g.window}/S{g.stride}")
     delay = max(d for d, _ in attn.compressor.head_groups())
-    return max(g.offset + g.window - g.stride, g.offset, delay, 0)
+    full_ring = 0 if g.local_window is None else g.exact_keep - 1
+    return max(g.offset + g.window - g.stride, g.offset, delay, full_ring, 0)
 
 
 class StaticFull:
@@ -98,6 +100,7 @@ class StaticCompressed:
         self.entry_end = g.entry_end(torch.arange(self.n, device=like.device))  # (n,): seen from t = its end on
         self.seen = like.new_ones(batch, 1, n_kv, G)  # z of the oldest window's partial: it holds a token
         self.phase: int | None = None  # phi of the next step where the caller knows it (`at`); None: on the device
+        self.hidden = torch.zeros(self.keep + self.n, dtype=torch.bool, device=like.device)  # keys t does not see
 
     def at(self, pos: int | None) -> None:
         """The next step is at position pos, known on the host (one graph per phase), or None (any position)."""
@@ -116,8 +119,11 @@ class StaticCompressed:
         if cache.entries_v is not None:
             values.index_copy_(2, slot, v[:, :, None])
         cache.ring_pos.index_copy_(0, slot, t)
-        hidden = torch.cat([~g.sees_exact(t, cache.ring_pos), self.entry_end > t])  # (keep + n,): ~Grid.sees_entry
-        return decode.read(q, keys, values, hidden, attn.sinks)
+        if g.local_window is None:  # the uncompressed tail: the ring slots seen change with t
+            self.hidden[: self.keep] = ~g.sees_exact(t, cache.ring_pos)
+        # (a full ring holds the local window: every slot seen)
+        torch.gt(self.entry_end, t, out=self.hidden[self.keep :])  # ~Grid.sees_entry
+        return decode.read(q, keys, values, self.hidden, attn.sinks)
 
     def _extend(self, attn, x: torch.Tensor, t: torch.Tensor) -> None:
         """`decode.extend` of token x (B, d) at t: merge it into its W/S windows, write the oldest's entry."""
