@@ -2,8 +2,9 @@
 
 Same shape and the same per-layer math as a full-attention `PhaseLM` (token embedding, pre-norm blocks of
 QK-normed GQA attention with rotate-half RoPE and SwiGLU, final norm, untied LM head), written the way a
-minimal training script would write it (nanoGPT style): `F.rms_norm`, one RoPE table per forward, causal
-SDPA. It is not part of phasekv; `train_throughput.py` times a phasekv step against it side by side.
+minimal training script would write it (nanoGPT style): `F.rms_norm`, one RoPE table made at max_seq_len
+(non-persistent buffers: `.to(device)` moves them with the weights), causal SDPA. It is not part of
+phasekv; `train_throughput.py` times a phasekv step against it side by side.
 """
 
 from __future__ import annotations
@@ -89,12 +90,15 @@ class ReferenceLM(nn.Module):
         self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         self.norm = RMSNorm(c.d_model, c.norm_eps)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        cos, sin = rope_table(c.max_seq_len, c.head_dim, c.rope_theta)  # (max_seq_len, D) each
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=(3 * m.weight.shape[-1]) ** -0.5)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        cos, sin = rope_table(input_ids.shape[1], self.config.head_dim, self.config.rope_theta)  # (T, D) each
+        cos, sin = self.cos[: input_ids.shape[1]], self.sin[: input_ids.shape[1]]  # (T, D) each
         x = self.embed(input_ids)  # (B, T, d)
         for layer in self.layers:
             x = layer(x, cos, sin)

@@ -2,7 +2,8 @@
 cache bytes, evaluation and training throughput, the training step against a plain reference model, and the
 demo's CPU-minutes from its demo.json when there is one. CPU default: 1 torch thread (set explicitly; on a shared
 2-core machine more threads make small ops far slower), sizes chosen to finish in under 10 minutes.
-`--device cuda --dtype bf16 --gpu` runs the long-context sizes instead (see benchmarks/gpu.sh).
+`--device cuda --dtype bf16 --gpu` runs the long-context sizes instead (benchmarks/gpu.sh runs its own selection
+in a time budget).
 """
 
 from __future__ import annotations
@@ -34,18 +35,17 @@ def main() -> None:
     print(f"phasekv benchmarks · torch threads {args.threads} (set explicitly) · device {args.device} · {args.dtype}")
     if "attention" in only:
         if args.gpu:
-            bench_attention.main(common + ["--train-lengths", "1024,4096,16384,65536", "--fwd-lengths", "131072",
-                                           "--reps", "10,10,5,3,2"])
-            bench_attention.main(common + ["--backend", "flex", "--train-lengths", "4096,16384,65536",
-                                           "--fwd-lengths", "131072", "--reps", "10,5,3,2"])
+            bench_attention.main(common + ["--train-lengths", "4096,16384,65536", "--fwd-lengths", "131072",
+                                           "--backends", "blockwise,flex,triton"])
         else:
-            bench_attention.main(common)
+            bench_attention.main(common + ["--reps", "3", "--warmup", "1"])
     if "memory" in only:
         bench_memory.main(common + (["--preset", "small"] if args.gpu else []))
     if "decode" in only:
         bench_decode.step_ratio(common)
         for batch in (1, 8) if not args.gpu else (1, 32):
-            bench_decode.main(common + ["--batch", str(batch), "--reps", "15" if not args.gpu else "50"])
+            bench_decode.main(common + ["--batch", str(batch), "--reps", "15" if not args.gpu else "50"]
+                              + (["--graph"] if args.gpu else []))
     if "throughput" in only:
         bench_throughput.main(common)
     if "train" in only:

@@ -12,6 +12,7 @@ depend on the data).
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import torch
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     p = add_common_args(argparse.ArgumentParser(description=__doc__))
     p.add_argument("--reps", type=int, default=30, help="timed steps per model (turns of the round-robin)")
     p.add_argument("--presets", default="tiny,small")
+    p.add_argument("--json", default="", help="also write the figures to this JSON file")
     args = p.parse_args(argv)
     device, _ = setup(args)
     header("training step: full attention and W8/S8 · 1 KV vs a plain reference model of the same shape", args,
@@ -62,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
            "its 95% bootstrap interval (goal <= 1.0)")
     autocast = device.type == "cuda" and args.dtype == "bf16"
     archs = [REFERENCE, "Full attention · 1 KV", "W8/S8 · 1 KV"]
+    rows = []
     for preset in args.presets.split(","):
         B, T = SHAPES[preset]
         steps = {a: make_step(a, preset, B, T, device, autocast) for a in archs}
@@ -70,11 +73,18 @@ def main(argv: list[str] | None = None) -> None:
         for a in archs:
             line = (f"{preset:6s} {a:26s} batch {B} x {T}: {fmt_t(t[a].median)}/step (best {fmt_t(t[a].best)})  "
                     f"{B * T / t[a].median:10,.0f} tokens/s")
+            row = {"preset": preset, "model": a, "batch": B, "seq_len": T, "step_s": t[a].median,
+                   "tokens_per_s": B * T / t[a].median}
             if a != REFERENCE:
                 ratio, lo, hi = paired_ratio(t[a], t[REFERENCE])
                 line += f"  {ratio:.3f}x reference (95% interval {lo:.3f}-{hi:.3f}; goal <= {GOAL}: " \
                         f"{goal_verdict(lo, hi, GOAL)})"
+                row |= {"ratio": ratio, "interval": [lo, hi], "verdict": goal_verdict(lo, hi, GOAL)}
             print(line, flush=True)
+            rows.append(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

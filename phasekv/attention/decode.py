@@ -122,11 +122,14 @@ class StepPlan:
 
 def step(attn, h: torch.Tensor, pos: torch.Tensor, cache: FullLayerCache | CompressedLayerCache) -> torch.Tensor:
     """One token h (B, 1, d) at pos (1,) through layer `attn` (an `Attention`) and its cache -> the per-head
-    outputs z (B, H, 1, D), as the reference chunk path gives them."""
+    outputs z (B, H, 1, D), as the reference chunk path gives them. A cache in its static form (`static.make`)
+    steps itself."""
+    if not isinstance(cache, (FullLayerCache, CompressedLayerCache)):
+        return cache.step(attn, h, pos)
     if cache.plan is None:
         cache.plan = StepPlan.build(attn)
     t, x = int(pos[0]), h.select(1, 0)  # x (B, d)
-    q, k, v = _project(attn, cache.plan, x, t)  # q (B, H, D) scaled by D^-0.5; k, v (B, n_kv, D)
+    q, k, v = project(attn, cache.plan, x, t)  # q (B, H, D) scaled by D^-0.5; k, v (B, n_kv, D)
     if attn.compressor is None:
         cache.k.append(k[:, :, None])
         cache.v.append(v[:, :, None])
@@ -139,7 +142,7 @@ def step(attn, h: torch.Tensor, pos: torch.Tensor, cache: FullLayerCache | Compr
     return read(q, keys, values, cache.plan.ring.at(attn.grid, t, cache.ring_pos), attn.sinks)
 
 
-def _project(attn, plan: StepPlan, x: torch.Tensor, t: int):
+def project(attn, plan: StepPlan, x: torch.Tensor, t: int | torch.Tensor):
     """q (B, H, D), k, v (B, n_kv, D) of tokens x (B, d) at position t: normalised, rotated (q also scaled by
     D^-0.5 for `read`); tied values are the keys."""
     B, H, n_kv, D = x.shape[0], attn.cfg.n_heads, attn.cfg.n_kv_heads, attn.cfg.head_dim

@@ -54,12 +54,14 @@ class Rope:
         xp, xr = x[..., : -self.dims], x[..., -self.dims :]  # fp32 as in V4
         return torch.cat([xp, (xr.float() * cos + self._rotate(xr).float() * sin).to(x.dtype)], dim=-1)
 
-    def at(self, x: torch.Tensor, t: int) -> torch.Tensor:
+    def at(self, x: torch.Tensor, t: int | torch.Tensor) -> torch.Tensor:
         """`self(x, pos)` for x (..., D) all at the one position t, in three fused ops (the decode step):
         x cos_t + (x R) sin_t, with cos_t, sin_t over all D dims (1 and 0 on the unrotated ones) and x R the
-        layout's signed pair swap."""
+        layout's signed pair swap. A (1,) tensor t (the static step's) is rotated from its angles on the device."""
         if self.dims == 0:
             return x
+        if isinstance(t, torch.Tensor):
+            return self(x.unsqueeze(-2), t).squeeze(-2)
         dtype = x.dtype if self.layout == "leading" else torch.float32  # V4 rotates in fp32
         cos, sin, R = _step_tables(self, x.shape[-1], t // STEP_BLOCK, x.device, dtype)
         y = x if x.dtype == dtype else x.to(dtype)

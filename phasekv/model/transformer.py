@@ -87,9 +87,12 @@ class PhaseLM(nn.Module):
             cache.pos += T
         if select is not None:  # every position labelled (text): the rows in the same order, without a gather
             x = x.flatten(0, 1) if bool(select.all()) else x[select]  # (n, d)
-        x = self.norm(x[:, -1] if last else x)  # (B, d), (B, T, d) or (n, d)
+        return self.head(x[:, -1] if last else x)  # (B, V), (B, T, V) or (n, V)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head: hidden states x (..., d) -> logits (..., V)."""
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return x @ weight.T  # (B, V), (B, T, V) or (n, V)
+        return self.norm(x) @ weight.T
 
     def _grid_shift(self, batch: int) -> torch.Tensor | None:
         """Grid jitter (training forward only): per sequence, a random 0..S-1 tokens by which every layer's

@@ -32,10 +32,12 @@ def test_demo_cost_reads_demo_json(tmp_path):
 
 def test_decode_benchmarks_run():
     code = ("import bench_decode; bench_decode.step_ratio(['--context', '300', '--reps', '2']); "
-            "bench_decode.main(['--contexts', '300', '--reps', '2', '--preset', 'tiny'])")
+            "bench_decode.main(['--contexts', '300', '--reps', '2', '--preset', 'tiny', '--graph']); "
+            "bench_decode.main(['--graph-check', '40', '--preset', 'tiny'])")
     out = subprocess.run([sys.executable, "-c", code], cwd=BENCH, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "reference   best" in out.stdout and "model median" in out.stdout
+    assert "reference   best" in out.stdout and "median | model" in out.stdout and "| graph" in out.stdout
+    assert out.stdout.count("PASS static decode") == 3 and "FAIL" not in out.stdout
 
 
 def test_interleaved_bursts_leave_out_each_turns_cold_first_step():
@@ -77,3 +79,32 @@ def test_paired_ratio_sees_through_load_shared_by_a_turn():
     assert goal_verdict(0.98, 1.02, 1.0) == "undecided"
     with pytest.raises(ValueError, match="equally many"):
         paired_ratio(timing(a), timing(ref[:-1]))
+
+
+def test_reference_model_moves_whole_to_a_device():
+    """The reference model keeps no tensor behind on the CPU (its RoPE tables are buffers): on the `meta` device
+    a forward mixing devices raises, as it did on CUDA (`train_throughput.py --device cuda`)."""
+    sys.path.insert(0, str(BENCH))
+    import torch
+    from reference_model import ReferenceLM
+
+    from phasekv import ModelConfig
+
+    model = ReferenceLM(ModelConfig.from_name("Full attention · 1 KV", preset="tiny", max_seq_len=64)).to("meta")
+    logits = model(torch.zeros(2, 16, dtype=torch.long, device="meta"))
+    assert logits.device.type == "meta" and logits.shape == (2, 16, model.config.vocab_size)
+
+
+def test_gpu_env_names_a_missing_package():
+    """gpu.sh's environment check: a python without a package the benchmarks import fails with one line naming it;
+    pyproject's dependencies are each listed with their version."""
+    code = ("import sys, importlib.abc\n"
+            "class NoRich(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.split('.')[0] == 'rich': raise ModuleNotFoundError(name=name)\n"
+            "sys.meta_path.insert(0, NoRich())\n"
+            "import gpu_env; gpu_env.main(['--cpu'])\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=BENCH, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].startswith("error:")
+    assert "lacks rich, which the benchmarks import" in out.stderr
+    assert "transformers" in out.stdout and "pyproject" in out.stdout
