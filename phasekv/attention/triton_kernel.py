@@ -1,0 +1,352 @@
+"""The joint softmax over [visible entries | exact tokens] as fused Triton kernels, forward and backward.
+
+FlashAttention-2 tiling over `Grid`'s rule: for a block of queries the visible entries are a prefix (entry j
+is seen by t iff jS + o + W - 1 <= t) and the exact tokens a band (the local window t - n_local < p <= t, or
+the uncompressed tail after the newest visible entry), so one program per (query block, query head) runs one
+online softmax over the entry prefix and then the band, reading both in place (no concatenated keys, no mask
+tensor). The entries every query of the block sees run unmasked; only the ragged edge and the band are
+masked. Backward: one kernel for dq (the same loops), one for the key and value gradients, run once over
+entry blocks (a column of queries from the first that sees them to the end) and once over exact-token blocks
+(a band of at most `exact_keep` queries), each summing the g query heads of its KV head (no atomics).
+
+Covers every variant of the parallel path: any grid (staggered offsets, the V4 leading partial window, the
+uncompressed tail), GQA, tied K/V, attention sinks (a logit in every softmax, value 0: the online softmax
+starts from it) and `holds` (entries without a token masked per sequence and KV head). Not the ring of a
+cached prompt: that stays on `blockwise_attention` (the layer never sends it here).
+
+On a machine without CUDA the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set here before
+triton is imported when no GPU is present): slow, for the equality tests only.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # decided when a kernel is decorated: must precede the triton import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from phasekv.attention.positions import Grid  # noqa: E402
+
+LOG2E = 1.4426950408889634
+
+
+def _interpreter_index_fix() -> None:
+    """Triton 3.6's interpreter holds a scalar as a 1-element array and turns it into a loop bound with `int()`,
+    which numpy >= 2.4 refuses ("only 0-dimensional arrays"): read the element instead."""
+    from triton.runtime import interpreter
+
+    patch = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope) -> None:
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _interpreter_index_fix()
+
+
+def tiles(device: torch.device) -> tuple[int, int, int]:
+    """(queries per block, keys per block, warps): 64 x 64 tiles, 4 warps on GPUs; 16 x 16 under the
+    interpreter, where work is per element and small tiles exercise the ragged edges."""
+    return (64, 64, 4) if device.type == "cuda" else (16, 16, 1)
+
+
+# ---- the visibility rule, in kernel form (positions.Grid states it; tests hold the two equal) ----
+@triton.jit
+def _n_visible(t, S: tl.constexpr, END0: tl.constexpr):
+    """Entries complete by position t: j with jS + END0 <= t (END0 = o + W - 1), t a scalar or a tensor."""
+    return tl.maximum(t - END0 + S, 0) // S
+
+
+@triton.jit
+def _sees(t, idx, t0, ENTRY: tl.constexpr, S: tl.constexpr, END0: tl.constexpr, LOCAL: tl.constexpr):
+    """(BM, BN) bool: query at t (BM, 1) sees key idx (1, BN): entry idx, or the exact token at t0 + idx."""
+    if ENTRY:
+        vis = idx * S + END0 <= t
+    else:
+        p = idx + t0
+        if LOCAL > 0:
+            vis = (p <= t) & (p > t - LOCAL)
+        else:  # uncompressed tail: after the newest visible entry's end (-1 when none is visible)
+            nv = _n_visible(t, S, END0)
+            vis = (p <= t) & (p > tl.where(nv > 0, (nv - 1) * S + END0, -1))
+    return vis
+
+
+@triton.jit
+def _exact_lo(t, t0, S: tl.constexpr, END0: tl.constexpr, LOCAL: tl.constexpr):
+    """Index (from t0) of the oldest exact token the query at scalar t sees, clamped at 0."""
+    if LOCAL > 0:
+        lo = t - LOCAL + 1
+    else:
+        nv = _n_visible(t, S, END0)
+        lo = tl.where(nv > 0, (nv - 1) * S + END0 + 1, 0)
+    return tl.maximum(lo - t0, 0)
+
+
+# ---- forward ----
+@triton.jit
+def _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kn, lo, hi, n_keys, t0, qk_scale,
+               ENTRY: tl.constexpr, MASK: tl.constexpr, HAS_HOLDS: tl.constexpr, S: tl.constexpr,
+               END0: tl.constexpr, LOCAL: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
+               PREC: tl.constexpr):
+    """Online softmax of queries q (BM, BD) at t (BM,) over keys lo..hi-1 (k, v at kp, vp: (n_keys, D))."""
+    offs_d = tl.arange(0, BD)
+    for start in range(lo, hi, BN):
+        offs_n = start + tl.arange(0, BN)
+        ok = offs_n < hi
+        k = tl.load(kp + offs_n[:, None] * s_kn + offs_d[None, :], mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)
+        v = tl.load(vp + offs_n[:, None] * s_kn + offs_d[None, :], mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # (BM, BN), log2 units
+        keep = ok[None, :]
+        if MASK:
+            keep = keep & _sees(t[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL)
+        if HAS_HOLDS:
+            keep = keep & (tl.load(hp + offs_n, mask=ok, other=0) != 0)[None, :]
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _fwd_kernel(Q, EK, EV, K, V, O, LSE, HOLDS, SINKS, qk_scale, T, n, t0,
+                s_qb, s_qh, s_qt, s_eb, s_eh, s_en, s_kb, s_kh, s_kt, s_ob, s_oh, s_ot,
+                H: tl.constexpr, G: tl.constexpr, S: tl.constexpr, END0: tl.constexpr, LOCAL: tl.constexpr,
+                HAS_HOLDS: tl.constexpr, HAS_SINKS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                BD: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    kvh = h // G
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, BD)
+    rows = (offs_m[:, None] < T) & (offs_d[None, :] < D)
+    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=rows, other=0.0)
+    t = t0 + offs_m  # (BM,) query positions
+    t_first, t_last = t0 + pid_m * BM, t0 + tl.minimum(pid_m * BM + BM, T) - 1
+    if HAS_SINKS:  # the sink's logit starts every softmax: exp(sink - m) with m = sink
+        m_i = tl.zeros([BM], tl.float32) + tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634
+        l_i = tl.zeros([BM], tl.float32) + 1.0
+    else:
+        m_i = tl.zeros([BM], tl.float32) - 1.0e30  # finite: a fully masked tile leaves the state unchanged
+        l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, BD], tl.float32)
+    ep, evp = EK + b * s_eb + kvh * s_eh, EV + b * s_eb + kvh * s_eh
+    hp = HOLDS + (b * (H // G) + kvh) * n
+    n_all = tl.minimum(_n_visible(t_first, S, END0), n) // BN * BN  # whole tiles every query of the block sees
+    n_hi = tl.minimum(_n_visible(t_last, S, END0), n)
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, ep, evp, hp, s_en, 0, n_all, n, t0, qk_scale, True, False,
+                               HAS_HOLDS, S, END0, LOCAL, BN, BD, D, PREC)
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, ep, evp, hp, s_en, n_all, n_hi, n, t0, qk_scale, True, True,
+                               HAS_HOLDS, S, END0, LOCAL, BN, BD, D, PREC)
+    kp, vp = K + b * s_kb + kvh * s_kh, V + b * s_kb + kvh * s_kh
+    lo = _exact_lo(t_first, t0, S, END0, LOCAL)
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kt, lo, t_last - t0 + 1, T, t0, qk_scale, False,
+                               True, False, S, END0, LOCAL, BN, BD, D, PREC)
+    acc = acc / l_i[:, None]
+    tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], acc.to(O.dtype.element_ty), mask=rows)
+    tl.store(LSE + bh * T + offs_m, m_i + tl.log2(l_i), mask=offs_m < T)
+
+
+# ---- backward ----
+@triton.jit
+def _dq_tiles(dq, q, do, lse, delta, t, kp, vp, hp, s_kn, lo, hi, t0, qk_scale,
+              ENTRY: tl.constexpr, MASK: tl.constexpr, HAS_HOLDS: tl.constexpr, S: tl.constexpr,
+              END0: tl.constexpr, LOCAL: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
+              PREC: tl.constexpr):
+    offs_d = tl.arange(0, BD)
+    for start in range(lo, hi, BN):
+        offs_n = start + tl.arange(0, BN)
+        ok = offs_n < hi
+        k = tl.load(kp + offs_n[:, None] * s_kn + offs_d[None, :], mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)
+        v = tl.load(vp + offs_n[:, None] * s_kn + offs_d[None, :], mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        keep = ok[None, :]
+        if MASK:
+            keep = keep & _sees(t[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL)
+        if HAS_HOLDS:
+            keep = keep & (tl.load(hp + offs_n, mask=ok, other=0) != 0)[None, :]
+        p = tl.where(keep, tl.exp2(s - lse[:, None]), 0.0)  # (BM, BN)
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+    return dq
+
+
+@triton.jit
+def _dq_kernel(Q, EK, EV, K, V, DO, DQ, LSE, DELTA, HOLDS, qk_scale, sm_scale, T, n, t0,
+               s_qb, s_qh, s_qt, s_eb, s_eh, s_en, s_kb, s_kh, s_kt, s_ob, s_oh, s_ot,
+               H: tl.constexpr, G: tl.constexpr, S: tl.constexpr, END0: tl.constexpr, LOCAL: tl.constexpr,
+               HAS_HOLDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
+               PREC: tl.constexpr):
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    kvh = h // G
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, BD)
+    rows = (offs_m[:, None] < T) & (offs_d[None, :] < D)
+    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=rows, other=0.0)
+    do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=rows, other=0.0)
+    lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=0.0)
+    delta = tl.load(DELTA + bh * T + offs_m, mask=offs_m < T, other=0.0)
+    t = t0 + offs_m
+    t_first, t_last = t0 + pid_m * BM, t0 + tl.minimum(pid_m * BM + BM, T) - 1
+    dq = tl.zeros([BM, BD], tl.float32)
+    ep, evp = EK + b * s_eb + kvh * s_eh, EV + b * s_eb + kvh * s_eh
+    hp = HOLDS + (b * (H // G) + kvh) * n
+    n_all = tl.minimum(_n_visible(t_first, S, END0), n) // BN * BN
+    n_hi = tl.minimum(_n_visible(t_last, S, END0), n)
+    dq = _dq_tiles(dq, q, do, lse, delta, t, ep, evp, hp, s_en, 0, n_all, t0, qk_scale, True, False, HAS_HOLDS,
+                   S, END0, LOCAL, BN, BD, D, PREC)
+    dq = _dq_tiles(dq, q, do, lse, delta, t, ep, evp, hp, s_en, n_all, n_hi, t0, qk_scale, True, True, HAS_HOLDS,
+                   S, END0, LOCAL, BN, BD, D, PREC)
+    kp, vp = K + b * s_kb + kvh * s_kh, V + b * s_kb + kvh * s_kh
+    lo = _exact_lo(t_first, t0, S, END0, LOCAL)
+    dq = _dq_tiles(dq, q, do, lse, delta, t, kp, vp, hp, s_kt, lo, t_last - t0 + 1, t0, qk_scale, False, True,
+                   False, S, END0, LOCAL, BN, BD, D, PREC)
+    tl.store(DQ + bh * T * D + offs_m[:, None] * D + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty),
+             mask=rows)
+
+
+@triton.jit
+def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, qk_scale, sm_scale, T, N, n, t0, KEEP,
+                s_qb, s_qh, s_qt, s_xb, s_xh, s_xn, s_ob, s_oh, s_ot,
+                H: tl.constexpr, G: tl.constexpr, ENTRY: tl.constexpr, S: tl.constexpr, END0: tl.constexpr,
+                LOCAL: tl.constexpr, HAS_HOLDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                BD: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
+    """Gradients of N keys and values KX, VX (entries, or the T exact tokens) per (key block, sequence x KV head):
+    over the queries that see any of them, of each of the G query heads reading the KV head."""
+    pid_n, bkv = tl.program_id(0), tl.program_id(1)
+    b, kvh = bkv // (H // G), bkv % (H // G)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    cols = (offs_n[:, None] < N) & (offs_d[None, :] < D)
+    k = tl.load(KX + b * s_xb + kvh * s_xh + offs_n[:, None] * s_xn + offs_d[None, :], mask=cols, other=0.0)
+    v = tl.load(VX + b * s_xb + kvh * s_xh + offs_n[:, None] * s_xn + offs_d[None, :], mask=cols, other=0.0)
+    keep_n = offs_n < N
+    if HAS_HOLDS:
+        keep_n = keep_n & (tl.load(HOLDS + bkv * n + offs_n, mask=offs_n < N, other=0) != 0)
+    if ENTRY:  # queries from the first that sees the block's first entry to the end
+        m_lo, m_hi = tl.maximum(pid_n * BN * S + END0 - t0, 0), T
+    else:  # the exact tokens' band: a token at p is seen by at most the KEEP queries p .. p + KEEP - 1
+        m_lo, m_hi = pid_n * BN, tl.minimum(pid_n * BN + BN - 1 + KEEP, T)
+    dk = tl.zeros([BN, BD], tl.float32)
+    dv = tl.zeros([BN, BD], tl.float32)
+    for hg in range(G):
+        h = kvh * G + hg
+        bh = b * H + h
+        for start in range(m_lo, m_hi, BM):
+            offs_m = start + tl.arange(0, BM)
+            rows = (offs_m[:, None] < T) & (offs_d[None, :] < D)
+            q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=rows, other=0.0)
+            do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=rows, other=0.0)
+            lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=0.0)
+            delta = tl.load(DELTA + bh * T + offs_m, mask=offs_m < T, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # (BM, BN)
+            keep = (offs_m < T)[:, None] & keep_n[None, :] & _sees((t0 + offs_m)[:, None], offs_n[None, :], t0,
+                                                                   ENTRY, S, END0, LOCAL)
+            p = tl.where(keep, tl.exp2(s - lse[:, None]), 0.0)
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
+            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+            ds = p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
+    out = bkv * N * D + offs_n[:, None] * D + offs_d[None, :]
+    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=cols)
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=cols)
+
+
+# ---- the autograd Function and the entry point ----
+def _statics(q: torch.Tensor, k: torch.Tensor, grid: Grid) -> dict:
+    D = q.shape[-1]
+    return dict(H=q.shape[1], G=q.shape[1] // k.shape[1], S=grid.stride, END0=grid.offset + grid.window - 1,
+                LOCAL=grid.local_window or 0, BD=max(16, triton.next_power_of_2(D)), D=D,
+                PREC="ieee" if q.dtype == torch.float32 else "tf32")  # fp32 means fp32 (bf16/fp16 ignore it)
+
+
+def _strides(x: torch.Tensor) -> tuple[int, int, int]:
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def _pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values as the kernels read them: one set of strides for both, the last one 1 (tied stay tied)."""
+    if a.stride(-1) == 1 and (b is a or b.stride() == a.stride()):
+        return a, b
+    a = a.contiguous()
+    return a, a if b is a else b.contiguous()
+
+
+class JointAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, ek, ev, k, v, sinks, holds, grid: Grid, t0: int):
+        q = q if q.stride(-1) == 1 else q.contiguous()
+        ek, ev = _pair(ek, ev)
+        k, v = _pair(k, v)
+        B, H, T, D = q.shape
+        n = ek.shape[2]
+        BM, BN, warps = tiles(q.device)
+        st = _statics(q, k, grid)
+        o = q.new_empty(B, T, H, D).transpose(1, 2)  # (B, H, T, D) in (B, T, H, D) memory: o_proj reads it in place
+        lse = q.new_empty(B, H, T, dtype=torch.float32)
+        holds8 = holds.to(torch.int8).contiguous() if holds is not None else q.new_zeros(1, dtype=torch.int8)
+        sink32 = sinks.float().contiguous() if sinks is not None else q.new_zeros(1, dtype=torch.float32)
+        qk_scale = D**-0.5 * LOG2E
+        _fwd_kernel[(triton.cdiv(T, BM), B * H)](
+            q, ek, ev, k, v, o, lse, holds8, sink32, qk_scale, T, n, t0, *_strides(q), *_strides(ek), *_strides(k),
+            *_strides(o), HAS_HOLDS=holds is not None, HAS_SINKS=sinks is not None, BM=BM, BN=BN, num_warps=warps,
+            **st)
+        ctx.save_for_backward(q, ek, ev, k, v, o, lse, holds8, sink32)
+        ctx.grid, ctx.t0, ctx.has = grid, t0, (holds is not None, sinks is not None)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, ek, ev, k, v, o, lse, holds8, sink32 = ctx.saved_tensors
+        grid, t0, (has_holds, has_sinks) = ctx.grid, ctx.t0, ctx.has
+        B, H, T, D = q.shape
+        n_kv, n = k.shape[1], ek.shape[2]
+        BM, BN, warps = tiles(q.device)
+        st = _statics(q, k, grid)
+        do = do if do.stride(-1) == 1 else do.contiguous()
+        delta = (do.float() * o.float()).sum(-1).contiguous()  # (B, H, T): rowsum(dO * O)
+        sm_scale = D**-0.5
+        qk_scale = sm_scale * LOG2E
+        dq = torch.empty(B, H, T, D, dtype=q.dtype, device=q.device)
+        _dq_kernel[(triton.cdiv(T, BM), B * H)](
+            q, ek, ev, k, v, do, dq, lse, delta, holds8, qk_scale, sm_scale, T, n, t0, *_strides(q), *_strides(ek),
+            *_strides(k), *_strides(do), HAS_HOLDS=has_holds, BM=BM, BN=BN, num_warps=warps, **st)
+        grads = []
+        for entry, kx, vx, N in ((True, ek, ev, n), (False, k, v, T)):
+            dk = torch.empty(B, n_kv, N, D, dtype=kx.dtype, device=q.device)
+            dv = torch.empty(B, n_kv, N, D, dtype=vx.dtype, device=q.device)
+            if N:
+                _dkv_kernel[(triton.cdiv(N, BN), B * n_kv)](
+                    q, kx, vx, do, dk, dv, lse, delta, holds8, qk_scale, sm_scale, T, N, n, t0, grid.exact_keep,
+                    *_strides(q), *_strides(kx), *_strides(do), ENTRY=entry, HAS_HOLDS=has_holds and entry,
+                    BM=BM, BN=BN, num_warps=warps, **st)
+            grads += [dk, dv]
+        dsinks = None
+        if has_sinks:  # d sink_h = -sum_{b,t} p_sink delta: the sink's share of each softmax, times -rowsum(dO O)
+            p_sink = torch.exp2(sink32.view(1, H, 1) * LOG2E - lse)  # (B, H, T)
+            dsinks = -(p_sink * delta).sum((0, 2))
+        return dq, grads[0], grads[1], grads[2], grads[3], dsinks, None, None, None
+
+
+def triton_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, grid: Grid, sinks: torch.Tensor | None = None,
+                     holds: torch.Tensor | None = None) -> torch.Tensor:
+    """The parallel path in fused kernels; the contract of `blockwise.blockwise_attention` without a ring: q
+    (B, H, T, D) at contiguous positions pos (T,), entries ek, ev (B, n_kv, n, D), exact k, v (B, n_kv, T, D)
+    -> (B, H, T, D) in (B, T, H, D) memory."""
+    return JointAttention.apply(q, ek, ev, k, v, sinks, holds, grid, int(pos[0]))
