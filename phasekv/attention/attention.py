@@ -137,6 +137,8 @@ class Attention(nn.Module):
             return blockwise.blockwise_attention(q, pos, ek, ev, k, v, self.grid, sinks=self.sinks, holds=holds)
         if blockwise.backend() == "flex":
             return blockwise.flex_attention(q, pos, ek, ev, k, v, self.grid, sinks=self.sinks, holds=holds)
+        if blockwise.backend() == "triton":
+            return blockwise.triton_attention(q, pos, ek, ev, k, v, self.grid, sinks=self.sinks, holds=holds)
         mask = self.grid.mask(pos, j, pos)  # the reference: dense (T, n + T) mask
         if holds is not None:  # per sequence and KV head: (B, n_kv, 1, T, n + T)
             mask = mask & F.pad(holds, (0, k.shape[2]), value=True)[:, :, None, None]

@@ -1,0 +1,82 @@
+"""A short GPU smoke run of the fast backends (under a minute on one H200): the `small` preset's W8/S8 and W8/S4
+attention layers (d_model 256, 8 x 32 query heads, 1 KV head), batch 1, bf16, forward+backward at T = 4,096 and
+16,384 on each backend, checked against blockwise (output and input gradient, max diff / max |blockwise|), with
+the first call's time (compiles, mask building) apart from the warm median; full causal SDPA's layer beside.
+    python benchmarks/gpu_smoke.py [DEVICE [LENGTHS]]     (a dry run here: python benchmarks/gpu_smoke.py cpu 70)
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+from common import ROOT  # noqa: F401  (puts the repo on sys.path)
+
+from phasekv import ModelConfig
+from phasekv.attention import blockwise
+from phasekv.attention.attention import Attention
+
+BF16_TOL = 2e-2
+LENGTHS = (4096, 16384)
+WARM_REPS = 5
+
+
+def timed(fn, device) -> float:
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda _: None
+    sync(device)
+    t = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t
+
+
+def train_step(layer: Attention, backend: str, h: torch.Tensor, pos: torch.Tensor, up: torch.Tensor):
+    """Forward and backward of `layer` on `backend` -> (output, input gradient)."""
+    def step():
+        h.grad = None
+        with blockwise.use_backend(backend):
+            out = layer(h, pos)
+        out.backward(up)
+        return out.detach(), h.grad
+
+    return step
+
+
+def main(device: str = "cuda", lengths: str = ",".join(map(str, LENGTHS))) -> None:
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    layers = {name: Attention(ModelConfig.from_name(name, preset="small"), 0).to(dev, torch.bfloat16)
+              for name in ("Full attention · 1 KV", "W8/S8 · 1 KV", "W8/S4 · 1 KV")}
+    print(f"{'layer':>22} {'backend':>9} {'T':>6} {'first s':>8} {'warm ms':>8} {'/ full':>7}  check")
+    for T in map(int, lengths.split(",")):
+        h = torch.randn(1, T, 256, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        pos = torch.arange(T, device=dev)
+        up = torch.randn(1, T, 256, device=dev, dtype=torch.bfloat16)
+        full_ms = None
+        for name, layer in layers.items():
+            for backend in ("blockwise",) if layer.compressor is None else ("blockwise", "flex", "triton"):
+                step = train_step(layer, backend, h, pos, up)
+                try:
+                    first = timed(step, dev)
+                    warm = statistics.median(timed(step, dev) for _ in range(WARM_REPS)) * 1e3
+                    out, grad = step()
+                except Exception as e:  # one backend failing still leaves the others' figures
+                    print(f"{name:>22} {backend:>9} {T:>6} FAIL {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+                    continue
+                if backend == "blockwise":
+                    ref = (out, grad)
+                    full_ms = warm if layer.compressor is None else full_ms
+                    check = "reference"
+                else:
+                    rel = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+                              for a, b in zip((out, grad), ref, strict=True))
+                    check = f"{'PASS' if rel <= BF16_TOL else 'FAIL'} max diff / max |blockwise| {rel:.1e}"
+                label = backend if layer.compressor is not None else "sdpa"
+                print(f"{name:>22} {label:>9} {T:>6} {first:>8.2f} {warm:>8.2f} {warm / full_ms:>7.3f}  {check}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
