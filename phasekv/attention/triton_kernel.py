@@ -226,50 +226,73 @@ def _dq_kernel(Q, EK, EV, K, V, DO, DQ, LSE, DELTA, HOLDS, qk_scale, sm_scale, T
 
 
 @triton.jit
-def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, qk_scale, sm_scale, T, N, n, t0, KEEP,
+def _dkv_tiles(dk, dv, k, v, keep_n, offs_n, qp, dop, lp, dlp, s_qt, s_ot, lo, hi, T, t0, qk_scale,
+               ENTRY: tl.constexpr, MASK: tl.constexpr, S: tl.constexpr, END0: tl.constexpr, LOCAL: tl.constexpr,
+               BM: tl.constexpr, BD: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
+    """Key and value gradients of keys k, v (BN, BD) from queries lo..hi-1 of one head (q, dO at qp, dop; lse
+    and delta at lp, dlp)."""
+    offs_d = tl.arange(0, BD)
+    for start in range(lo, hi, BM):
+        offs_m = start + tl.arange(0, BM)
+        ok = offs_m < hi
+        rows = ok[:, None] & (offs_d[None, :] < D)
+        q = tl.load(qp + offs_m[:, None] * s_qt + offs_d[None, :], mask=rows, other=0.0)
+        do = tl.load(dop + offs_m[:, None] * s_ot + offs_d[None, :], mask=rows, other=0.0)
+        lse = tl.load(lp + offs_m, mask=ok, other=0.0)
+        delta = tl.load(dlp + offs_m, mask=ok, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # (BM, BN)
+        keep = ok[:, None] & keep_n[None, :]
+        if MASK:
+            keep = keep & _sees((t0 + offs_m)[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL)
+        p = tl.where(keep, tl.exp2(s - lse[:, None]), 0.0)
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        ds = p * (dp - delta[:, None])
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
+    return dk, dv
+
+
+@triton.jit
+def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, qk_scale, sm_scale, T, N, n, t0, KEEP, CHUNK,
                 s_qb, s_qh, s_qt, s_xb, s_xh, s_xn, s_ob, s_oh, s_ot,
                 H: tl.constexpr, G: tl.constexpr, ENTRY: tl.constexpr, S: tl.constexpr, END0: tl.constexpr,
                 LOCAL: tl.constexpr, HAS_HOLDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 BD: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
-    """Gradients of N keys and values KX, VX (entries, or the T exact tokens) per (key block, sequence x KV head):
-    over the queries that see any of them, of each of the G query heads reading the KV head."""
-    pid_n, bkv = tl.program_id(0), tl.program_id(1)
-    b, kvh = bkv // (H // G), bkv % (H // G)
+    """Gradients of N keys and values KX, VX (entries, or the T exact tokens) per (key block, sequence x query
+    head, chunk of CHUNK queries): over the chunk's queries that see any of them, added (fp32 atomics) into
+    DK, DV (B, n_kv, N, D), where the G query heads of a KV head and the chunks meet."""
+    pid_n, bh, pid_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h = bh // H, bh % H
+    bkv = b * (H // G) + h // G
     offs_n = pid_n * BN + tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     cols = (offs_n[:, None] < N) & (offs_d[None, :] < D)
-    k = tl.load(KX + b * s_xb + kvh * s_xh + offs_n[:, None] * s_xn + offs_d[None, :], mask=cols, other=0.0)
-    v = tl.load(VX + b * s_xb + kvh * s_xh + offs_n[:, None] * s_xn + offs_d[None, :], mask=cols, other=0.0)
+    xo = b * s_xb + (h // G) * s_xh + offs_n[:, None] * s_xn + offs_d[None, :]
+    k = tl.load(KX + xo, mask=cols, other=0.0)
+    v = tl.load(VX + xo, mask=cols, other=0.0)
     keep_n = offs_n < N
     if HAS_HOLDS:
         keep_n = keep_n & (tl.load(HOLDS + bkv * n + offs_n, mask=offs_n < N, other=0) != 0)
-    if ENTRY:  # queries from the first that sees the block's first entry to the end
+    if ENTRY:  # queries from the first that sees the block's first entry to the end; all see it from m_all on
         m_lo, m_hi = tl.maximum(pid_n * BN * S + END0 - t0, 0), T
+        m_all = tl.maximum((tl.minimum(pid_n * BN + BN, N) - 1) * S + END0 - t0, 0)
     else:  # the exact tokens' band: a token at p is seen by at most the KEEP queries p .. p + KEEP - 1
         m_lo, m_hi = pid_n * BN, tl.minimum(pid_n * BN + BN - 1 + KEEP, T)
+        m_all = m_hi
+    m_lo, m_hi = tl.maximum(m_lo, pid_c * CHUNK), tl.minimum(m_hi, pid_c * CHUNK + CHUNK)
+    m_split = tl.minimum(m_lo + tl.maximum(m_all - m_lo + BM - 1, 0) // BM * BM, m_hi)  # masked tiles end
+    qp, dop = Q + b * s_qb + h * s_qh, DO + b * s_ob + h * s_oh
+    lp, dlp = LSE + bh * T, DELTA + bh * T
     dk = tl.zeros([BN, BD], tl.float32)
     dv = tl.zeros([BN, BD], tl.float32)
-    for hg in range(G):
-        h = kvh * G + hg
-        bh = b * H + h
-        for start in range(m_lo, m_hi, BM):
-            offs_m = start + tl.arange(0, BM)
-            rows = (offs_m[:, None] < T) & (offs_d[None, :] < D)
-            q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=rows, other=0.0)
-            do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=rows, other=0.0)
-            lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=0.0)
-            delta = tl.load(DELTA + bh * T + offs_m, mask=offs_m < T, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # (BM, BN)
-            keep = (offs_m < T)[:, None] & keep_n[None, :] & _sees((t0 + offs_m)[:, None], offs_n[None, :], t0,
-                                                                   ENTRY, S, END0, LOCAL)
-            p = tl.where(keep, tl.exp2(s - lse[:, None]), 0.0)
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
-            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-            ds = p * (dp - delta[:, None])
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
-    out = bkv * N * D + offs_n[:, None] * D + offs_d[None, :]
-    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=cols)
-    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=cols)
+    dk, dv = _dkv_tiles(dk, dv, k, v, keep_n, offs_n, qp, dop, lp, dlp, s_qt, s_ot, m_lo, m_split, T, t0, qk_scale,
+                        ENTRY, True, S, END0, LOCAL, BM, BD, D, PREC)
+    dk, dv = _dkv_tiles(dk, dv, k, v, keep_n, offs_n, qp, dop, lp, dlp, s_qt, s_ot, m_split, m_hi, T, t0, qk_scale,
+                        ENTRY, False, S, END0, LOCAL, BM, BD, D, PREC)
+    if m_lo < m_hi:
+        out = bkv * N * D + offs_n[:, None] * D + offs_d[None, :]
+        tl.atomic_add(DK + out, dk * sm_scale, mask=cols)
+        tl.atomic_add(DV + out, dv, mask=cols)
 
 
 # ---- the autograd Function and the entry point ----
@@ -278,6 +301,16 @@ def _statics(q: torch.Tensor, k: torch.Tensor, grid: Grid) -> dict:
     return dict(H=q.shape[1], G=q.shape[1] // k.shape[1], S=grid.stride, END0=grid.offset + grid.window - 1,
                 LOCAL=grid.local_window or 0, BD=max(16, triton.next_power_of_2(D)), D=D,
                 PREC="ieee" if q.dtype == torch.float32 else "tf32")  # fp32 means fp32 (bf16/fp16 ignore it)
+
+
+PROGRAMS = 1024  # entry gradients: the query range is split in chunks until about this many programs run
+
+
+def _query_chunk(T: int, programs: int, BM: int) -> int:
+    """Queries per chunk of the entry-gradient kernel: the entries of a block are read by every later query, so
+    few blocks (short T) would leave most of the GPU idle; their query ranges are split instead (whole tiles)."""
+    chunks = max(1, min(triton.cdiv(T, BM), PROGRAMS // max(programs, 1)))
+    return triton.cdiv(triton.cdiv(T, chunks), BM) * BM
 
 
 def _strides(x: torch.Tensor) -> tuple[int, int, int]:
@@ -333,14 +366,15 @@ class JointAttention(torch.autograd.Function):
             *_strides(k), *_strides(do), HAS_HOLDS=has_holds, BM=BM, BN=BN, num_warps=warps, **st)
         grads = []
         for entry, kx, vx, N in ((True, ek, ev, n), (False, k, v, T)):
-            dk = torch.empty(B, n_kv, N, D, dtype=kx.dtype, device=q.device)
-            dv = torch.empty(B, n_kv, N, D, dtype=vx.dtype, device=q.device)
+            dk = torch.zeros(B, n_kv, N, D, dtype=torch.float32, device=q.device)
+            dv = torch.zeros_like(dk)
+            chunk = _query_chunk(T, triton.cdiv(N, BN) * B * H, BM) if entry else T
             if N:
-                _dkv_kernel[(triton.cdiv(N, BN), B * n_kv)](
+                _dkv_kernel[(triton.cdiv(N, BN), B * H, triton.cdiv(T, chunk))](
                     q, kx, vx, do, dk, dv, lse, delta, holds8, qk_scale, sm_scale, T, N, n, t0, grid.exact_keep,
-                    *_strides(q), *_strides(kx), *_strides(do), ENTRY=entry, HAS_HOLDS=has_holds and entry,
+                    chunk, *_strides(q), *_strides(kx), *_strides(do), ENTRY=entry, HAS_HOLDS=has_holds and entry,
                     BM=BM, BN=BN, num_warps=warps, **st)
-            grads += [dk, dv]
+            grads += [dk.to(kx.dtype), dv.to(vx.dtype)]
         dsinks = None
         if has_sinks:  # d sink_h = -sum_{b,t} p_sink delta: the sink's share of each softmax, times -rowsum(dO O)
             p_sink = torch.exp2(sink32.view(1, H, 1) * LOG2E - lse)  # (B, H, T)
