@@ -126,7 +126,7 @@ def _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kn, lo, hi, n_keys, t0, qk_sca
 
 
 @triton.jit
-def _fwd_kernel(Q, EK, EV, K, V, OUT, LSE, HOLDS, SINKS, qk_scale, T, n, t0,
+def _fwd_kernel(Q, EK, EV, K, V, OUT, LSE, HOLDS, SINKS, POS, qk_scale, T, n,
                 s_qb, s_qh, s_qt, s_eb, s_eh, s_en, s_kb, s_kh, s_kt, s_ob, s_oh, s_ot,
                 H: tl.constexpr, G: tl.constexpr, S: tl.constexpr, END0: tl.constexpr, LOCAL: tl.constexpr,
                 HAS_HOLDS: tl.constexpr, HAS_SINKS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
@@ -134,6 +134,7 @@ def _fwd_kernel(Q, EK, EV, K, V, OUT, LSE, HOLDS, SINKS, qk_scale, T, n, t0,
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     kvh = h // G
+    t0 = tl.load(POS).to(tl.int32)  # the first query's position, read here: the host never waits for it
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BD)
     rows = (offs_m[:, None] < T) & (offs_d[None, :] < D)
@@ -159,6 +160,7 @@ def _fwd_kernel(Q, EK, EV, K, V, OUT, LSE, HOLDS, SINKS, qk_scale, T, n, t0,
     lo = _exact_lo(t_first, t0, S, END0, LOCAL)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kt, lo, t_last - t0 + 1, T, t0, qk_scale, False,
                                True, False, S, END0, LOCAL, BN, BD, D, PREC)
+    l_i = tl.where(offs_m < T, l_i, 1.0)  # rows past the end saw no key (never stored)
     acc = acc / l_i[:, None]
     tl.store(OUT + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], acc.to(OUT.dtype.element_ty),
              mask=rows)
@@ -191,8 +193,8 @@ def _dq_tiles(dq, q, do, lse, delta, t, kp, vp, hp, s_kn, lo, hi, t0, qk_scale,
 
 
 @triton.jit
-def _dq_kernel(Q, EK, EV, K, V, DO, DQ, LSE, DELTA, HOLDS, qk_scale, sm_scale, T, n, t0,
-               s_qb, s_qh, s_qt, s_eb, s_eh, s_en, s_kb, s_kh, s_kt, s_ob, s_oh, s_ot,
+def _dq_kernel(Q, EK, EV, K, V, OUT, DO, DQ, LSE, DELTA, HOLDS, POS, qk_scale, sm_scale, T, n,
+               s_qb, s_qh, s_qt, s_eb, s_eh, s_en, s_kb, s_kh, s_kt, s_ob, s_oh, s_ot, s_db, s_dh, s_dt,
                H: tl.constexpr, G: tl.constexpr, S: tl.constexpr, END0: tl.constexpr, LOCAL: tl.constexpr,
                HAS_HOLDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
                PREC: tl.constexpr):
@@ -202,10 +204,13 @@ def _dq_kernel(Q, EK, EV, K, V, DO, DQ, LSE, DELTA, HOLDS, qk_scale, sm_scale, T
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BD)
     rows = (offs_m[:, None] < T) & (offs_d[None, :] < D)
+    t0 = tl.load(POS).to(tl.int32)
     q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=rows, other=0.0)
-    do = tl.load(DO + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=rows, other=0.0)
+    do = tl.load(DO + b * s_db + h * s_dh + offs_m[:, None] * s_dt + offs_d[None, :], mask=rows, other=0.0)
+    o = tl.load(OUT + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=rows, other=0.0)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)  # (BM,) rowsum(dO * O), kept for the dkv kernels
+    tl.store(DELTA + bh * T + offs_m, delta, mask=offs_m < T)
     lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=0.0)
-    delta = tl.load(DELTA + bh * T + offs_m, mask=offs_m < T, other=0.0)
     t = t0 + offs_m
     t_first, t_last = t0 + pid_m * BM, t0 + tl.minimum(pid_m * BM + BM, T) - 1
     dq = tl.zeros([BM, BD], tl.float32)
@@ -253,7 +258,7 @@ def _dkv_tiles(dk, dv, k, v, keep_n, offs_n, qp, dop, lp, dlp, s_qt, s_ot, lo, h
 
 
 @triton.jit
-def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, qk_scale, sm_scale, T, N, n, t0, KEEP, CHUNK,
+def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, POS, qk_scale, sm_scale, T, N, n, KEEP, CHUNK,
                 s_qb, s_qh, s_qt, s_xb, s_xh, s_xn, s_ob, s_oh, s_ot,
                 H: tl.constexpr, G: tl.constexpr, ENTRY: tl.constexpr, S: tl.constexpr, END0: tl.constexpr,
                 LOCAL: tl.constexpr, HAS_HOLDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
@@ -263,6 +268,7 @@ def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, qk_scale, sm_scale, T,
     DK, DV (B, n_kv, N, D), where the G query heads of a KV head and the chunks meet."""
     pid_n, bh, pid_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
+    t0 = tl.load(POS).to(tl.int32)
     bkv = b * (H // G) + h // G
     offs_n = pid_n * BN + tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
@@ -327,7 +333,7 @@ def _pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 class JointAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, ek, ev, k, v, sinks, holds, grid: Grid, t0: int):
+    def forward(ctx, q, ek, ev, k, v, sinks, holds, grid: Grid, pos):
         q = q if q.stride(-1) == 1 else q.contiguous()
         ek, ev = _pair(ek, ev)
         k, v = _pair(k, v)
@@ -336,50 +342,50 @@ class JointAttention(torch.autograd.Function):
         BM, BN, warps = tiles(q.device)
         st = _statics(q, k, grid)
         o = q.new_empty(B, T, H, D).transpose(1, 2)  # (B, H, T, D) in (B, T, H, D) memory: o_proj reads it in place
-        lse = q.new_empty(B, H, T, dtype=torch.float32)
-        holds8 = holds.to(torch.int8).contiguous() if holds is not None else q.new_zeros(1, dtype=torch.int8)
-        sink32 = sinks.float().contiguous() if sinks is not None else q.new_zeros(1, dtype=torch.float32)
+        lse = q.new_empty(B, H, T, dtype=torch.float32)  # log2 of each softmax's sum, in log2 units
+        holds8 = holds.to(torch.int8).contiguous() if holds is not None else q.new_empty(1, dtype=torch.int8)
+        sink32 = sinks.float().contiguous() if sinks is not None else q.new_empty(1, dtype=torch.float32)
         qk_scale = D**-0.5 * LOG2E
         _fwd_kernel[(triton.cdiv(T, BM), B * H)](
-            q, ek, ev, k, v, o, lse, holds8, sink32, qk_scale, T, n, t0, *_strides(q), *_strides(ek), *_strides(k),
+            q, ek, ev, k, v, o, lse, holds8, sink32, pos, qk_scale, T, n, *_strides(q), *_strides(ek), *_strides(k),
             *_strides(o), HAS_HOLDS=holds is not None, HAS_SINKS=sinks is not None, BM=BM, BN=BN, num_warps=warps,
             **st)
-        ctx.save_for_backward(q, ek, ev, k, v, o, lse, holds8, sink32)
-        ctx.grid, ctx.t0, ctx.has = grid, t0, (holds is not None, sinks is not None)
+        ctx.save_for_backward(q, ek, ev, k, v, o, lse, holds8, sink32, pos)
+        ctx.grid, ctx.has = grid, (holds is not None, sinks is not None)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, ek, ev, k, v, o, lse, holds8, sink32 = ctx.saved_tensors
-        grid, t0, (has_holds, has_sinks) = ctx.grid, ctx.t0, ctx.has
+        q, ek, ev, k, v, o, lse, holds8, sink32, pos = ctx.saved_tensors
+        grid, (has_holds, has_sinks) = ctx.grid, ctx.has
         B, H, T, D = q.shape
         n_kv, n = k.shape[1], ek.shape[2]
         BM, BN, warps = tiles(q.device)
         st = _statics(q, k, grid)
         do = do if do.stride(-1) == 1 else do.contiguous()
-        delta = (do.float() * o.float()).sum(-1).contiguous()  # (B, H, T): rowsum(dO * O)
         sm_scale = D**-0.5
         qk_scale = sm_scale * LOG2E
         dq = torch.empty(B, H, T, D, dtype=q.dtype, device=q.device)
+        delta = torch.empty(B, H, T, dtype=torch.float32, device=q.device)  # rowsum(dO * O): the dq kernel writes it
         _dq_kernel[(triton.cdiv(T, BM), B * H)](
-            q, ek, ev, k, v, do, dq, lse, delta, holds8, qk_scale, sm_scale, T, n, t0, *_strides(q), *_strides(ek),
-            *_strides(k), *_strides(do), HAS_HOLDS=has_holds, BM=BM, BN=BN, num_warps=warps, **st)
-        grads = []
-        for entry, kx, vx, N in ((True, ek, ev, n), (False, k, v, T)):
-            dk = torch.zeros(B, n_kv, N, D, dtype=torch.float32, device=q.device)
-            dv = torch.zeros_like(dk)
-            chunk = _query_chunk(T, triton.cdiv(N, BN) * B * H, BM) if entry else T
+            q, ek, ev, k, v, o, do, dq, lse, delta, holds8, pos, qk_scale, sm_scale, T, n, *_strides(q),
+            *_strides(ek), *_strides(k), *_strides(o), *_strides(do), HAS_HOLDS=has_holds, BM=BM, BN=BN,
+            num_warps=warps, **st)
+        sizes = [B * n_kv * n * D, B * n_kv * T * D]
+        acc = torch.zeros(2, sum(sizes), dtype=torch.float32, device=q.device)  # rows: key, value grads of [entries | exact]
+        for (entry, kx, vx, N), part in zip(((True, ek, ev, n), (False, k, v, T)), acc.split(sizes, 1), strict=True):
             if N:
+                chunk = _query_chunk(T, triton.cdiv(N, BN) * B * H, BM) if entry else T
                 _dkv_kernel[(triton.cdiv(N, BN), B * H, triton.cdiv(T, chunk))](
-                    q, kx, vx, do, dk, dv, lse, delta, holds8, qk_scale, sm_scale, T, N, n, t0, grid.exact_keep,
-                    chunk, *_strides(q), *_strides(kx), *_strides(do), ENTRY=entry, HAS_HOLDS=has_holds and entry,
-                    BM=BM, BN=BN, num_warps=warps, **st)
-            grads += [dk.to(kx.dtype), dv.to(vx.dtype)]
+                    q, kx, vx, do, part[0], part[1], lse, delta, holds8, pos, qk_scale, sm_scale, T, N, n,
+                    grid.exact_keep, chunk, *_strides(q), *_strides(kx), *_strides(do), ENTRY=entry,
+                    HAS_HOLDS=has_holds and entry, BM=BM, BN=BN, num_warps=warps, **st)
+        (dek, dev), (dk, dv) = ((g.view(2, B, n_kv, -1, D)).unbind(0) for g in acc.to(k.dtype).split(sizes, 1))
         dsinks = None
         if has_sinks:  # d sink_h = -sum_{b,t} p_sink delta: the sink's share of each softmax, times -rowsum(dO O)
             p_sink = torch.exp2(sink32.view(1, H, 1) * LOG2E - lse)  # (B, H, T)
             dsinks = -(p_sink * delta).sum((0, 2))
-        return dq, grads[0], grads[1], grads[2], grads[3], dsinks, None, None, None
+        return dq, dek, dev, dk, dv, dsinks, None, None, None
 
 
 def triton_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: torch.Tensor, k: torch.Tensor,
@@ -388,4 +394,4 @@ def triton_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: t
     """The parallel path in fused kernels; the contract of `blockwise.blockwise_attention` without a ring: q
     (B, H, T, D) at contiguous positions pos (T,), entries ek, ev (B, n_kv, n, D), exact k, v (B, n_kv, T, D)
     -> (B, H, T, D) in (B, T, H, D) memory."""
-    return JointAttention.apply(q, ek, ev, k, v, sinks, holds, grid, int(pos[0]))
+    return JointAttention.apply(q, ek, ev, k, v, sinks, holds, grid, pos)
