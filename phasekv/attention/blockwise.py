@@ -189,13 +189,13 @@ def flex_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: tor
     zeros = [ek.new_zeros(*ek.shape[:2], n_pad - n, ek.shape[3])] if n_pad > n else []
     keys = torch.cat([ek, *zeros, k], 2)  # (B, n_kv, n_pad + T, D)
     values = keys if (ev is ek and v is k) else torch.cat([ev, *zeros, v], 2)
-    run = _compiled_flex() if q.is_cuda else _flex
-    return run(q, keys, values, mask, holds, n)
-
-
-def _flex(q, keys, values, mask, holds: torch.Tensor | None, n: int) -> torch.Tensor:
     from torch.nn.attention.flex_attention import flex_attention as flex
 
+    run = _compiled_flex() if q.is_cuda else _flex
+    return run(flex, q, keys, values, mask, holds, n)
+
+
+def _flex(flex, q, keys, values, mask, holds: torch.Tensor | None, n: int) -> torch.Tensor:
     score_mod = None
     if holds is not None:  # made inside the compiled call: a fresh closure per step is no new guard
         g = q.shape[1] // holds.shape[1]
