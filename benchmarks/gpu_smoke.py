@@ -78,5 +78,15 @@ def main(device: str = "cuda", lengths: str = ",".join(map(str, LENGTHS))) -> No
                       flush=True)
 
 
+def tuned_tiles() -> None:
+    """The tiles triton.autotune picked per (T, n, dtypes) for each kernel."""
+    from phasekv.attention import triton_kernel
+
+    for name in ("_fwd_kernel", "_dq_kernel", "_dkv_kernel"):
+        for key, config in getattr(triton_kernel, name).cache.items():
+            print(f"tiles {name} {key[:2]}: {config}")
+
+
 if __name__ == "__main__":
     main(*sys.argv[1:3])
+    tuned_tiles()

@@ -53,14 +53,22 @@ def _interpreter_index_fix() -> None:
     interpreter._patch_lang_tensor = patched
 
 
-if os.environ.get("TRITON_INTERPRET") == "1":
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+if INTERPRET:
     _interpreter_index_fix()
 
+# Tiles (queries, keys, warps, pipeline stages), the fastest per (T, n, dtype) picked on a kernel's first call
+# (triton.autotune): head dims of 32-128 and the bands' short key runs favour different tiles. Under the
+# interpreter one 32 x 32 tile: slow per program, so few programs, and T of 64-200 still spans several tiles.
+Q_TILES = ((64, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3))  # forward and dq
+KV_TILES = ((64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 3), (128, 64, 8, 3))  # key/value gradients
+CHUNK_ALIGN = 32 if INTERPRET else 128  # the entry-gradient kernel's query chunks: whole tiles of any size
 
-def tiles(device: torch.device) -> tuple[int, int, int]:
-    """(queries per block, keys per block, warps): 64 x 64 tiles, 4 warps on GPUs; 32 x 32 under the
-    interpreter (slow per program: few programs; T of 64-200 still spans several tiles and ragged edges)."""
-    return (64, 64, 4) if device.type == "cuda" else (32, 32, 1)
+
+def _configs(tiles: tuple[tuple[int, int, int, int], ...]) -> list:
+    if INTERPRET:
+        return [triton.Config({"BM": 32, "BN": 32}, num_warps=1)]
+    return [triton.Config({"BM": m, "BN": n}, num_warps=w, num_stages=st) for m, n, w, st in tiles]
 
 
 # ---- the visibility rule, in kernel form (positions.Grid states it; tests hold the two equal) ----
@@ -125,6 +133,7 @@ def _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kn, lo, hi, n_keys, t0, qk_sca
     return acc, m_i, l_i
 
 
+@triton.autotune(_configs(Q_TILES), key=["T", "n"])
 @triton.jit
 def _fwd_kernel(Q, EK, EV, K, V, OUT, LSE, HOLDS, SINKS, POS, qk_scale, T, n,
                 s_qb, s_qh, s_qt, s_eb, s_eh, s_en, s_kb, s_kh, s_kt, s_ob, s_oh, s_ot,
@@ -192,6 +201,7 @@ def _dq_tiles(dq, q, do, lse, delta, t, kp, vp, hp, s_kn, lo, hi, t0, qk_scale,
     return dq
 
 
+@triton.autotune(_configs(Q_TILES), key=["T", "n"])
 @triton.jit
 def _dq_kernel(Q, EK, EV, K, V, OUT, DO, DQ, LSE, DELTA, HOLDS, POS, qk_scale, sm_scale, T, n,
                s_qb, s_qh, s_qt, s_eb, s_eh, s_en, s_kb, s_kh, s_kt, s_ob, s_oh, s_ot, s_db, s_dh, s_dt,
@@ -257,6 +267,7 @@ def _dkv_tiles(dk, dv, k, v, keep_n, offs_n, qp, dop, lp, dlp, s_qt, s_ot, lo, h
     return dk, dv
 
 
+@triton.autotune(_configs(KV_TILES), key=["T", "N"], reset_to_zero=["DK", "DV"])  # zeroed per trial
 @triton.jit
 def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, POS, qk_scale, sm_scale, T, N, n, KEEP, CHUNK,
                 s_qb, s_qh, s_qt, s_xb, s_xh, s_xn, s_ob, s_oh, s_ot,
@@ -312,11 +323,12 @@ def _statics(q: torch.Tensor, k: torch.Tensor, grid: Grid) -> dict:
 PROGRAMS = 1024  # entry gradients: the query range is split in chunks until about this many programs run
 
 
-def _query_chunk(T: int, programs: int, BM: int) -> int:
-    """Queries per chunk of the entry-gradient kernel: the entries of a block are read by every later query, so
-    few blocks (short T) would leave most of the GPU idle; their query ranges are split instead (whole tiles)."""
-    chunks = max(1, min(triton.cdiv(T, BM), PROGRAMS // max(programs, 1)))
-    return triton.cdiv(triton.cdiv(T, chunks), BM) * BM
+def _query_chunk(T: int, keys: int) -> int:
+    """Queries per chunk of the entry-gradient kernel, whose programs are (64-key block, sequence x head, chunk):
+    the entries of a block are read by every later query, so few blocks (short T) would leave most of the GPU
+    idle; their query ranges are split instead."""
+    chunks = max(1, min(triton.cdiv(T, CHUNK_ALIGN), PROGRAMS // max(triton.cdiv(keys, 64), 1)))
+    return triton.cdiv(triton.cdiv(T, chunks), CHUNK_ALIGN) * CHUNK_ALIGN
 
 
 def _strides(x: torch.Tensor) -> tuple[int, int, int]:
@@ -339,17 +351,15 @@ class JointAttention(torch.autograd.Function):
         k, v = _pair(k, v)
         B, H, T, D = q.shape
         n = ek.shape[2]
-        BM, BN, warps = tiles(q.device)
         st = _statics(q, k, grid)
         o = q.new_empty(B, T, H, D).transpose(1, 2)  # (B, H, T, D) in (B, T, H, D) memory: o_proj reads it in place
         lse = q.new_empty(B, H, T, dtype=torch.float32)  # log2 of each softmax's sum, in log2 units
         holds8 = holds.to(torch.int8).contiguous() if holds is not None else q.new_empty(1, dtype=torch.int8)
         sink32 = sinks.float().contiguous() if sinks is not None else q.new_empty(1, dtype=torch.float32)
         qk_scale = D**-0.5 * LOG2E
-        _fwd_kernel[(triton.cdiv(T, BM), B * H)](
+        _fwd_kernel[lambda meta: (triton.cdiv(T, meta["BM"]), B * H)](
             q, ek, ev, k, v, o, lse, holds8, sink32, pos, qk_scale, T, n, *_strides(q), *_strides(ek), *_strides(k),
-            *_strides(o), HAS_HOLDS=holds is not None, HAS_SINKS=sinks is not None, BM=BM, BN=BN, num_warps=warps,
-            **st)
+            *_strides(o), HAS_HOLDS=holds is not None, HAS_SINKS=sinks is not None, **st)
         ctx.save_for_backward(q, ek, ev, k, v, o, lse, holds8, sink32, pos)
         ctx.grid, ctx.has = grid, (holds is not None, sinks is not None)
         return o
@@ -360,26 +370,24 @@ class JointAttention(torch.autograd.Function):
         grid, (has_holds, has_sinks) = ctx.grid, ctx.has
         B, H, T, D = q.shape
         n_kv, n = k.shape[1], ek.shape[2]
-        BM, BN, warps = tiles(q.device)
         st = _statics(q, k, grid)
         do = do if do.stride(-1) == 1 else do.contiguous()
         sm_scale = D**-0.5
         qk_scale = sm_scale * LOG2E
         dq = torch.empty(B, H, T, D, dtype=q.dtype, device=q.device)
         delta = torch.empty(B, H, T, dtype=torch.float32, device=q.device)  # rowsum(dO * O): the dq kernel writes it
-        _dq_kernel[(triton.cdiv(T, BM), B * H)](
+        _dq_kernel[lambda meta: (triton.cdiv(T, meta["BM"]), B * H)](
             q, ek, ev, k, v, o, do, dq, lse, delta, holds8, pos, qk_scale, sm_scale, T, n, *_strides(q),
-            *_strides(ek), *_strides(k), *_strides(o), *_strides(do), HAS_HOLDS=has_holds, BM=BM, BN=BN,
-            num_warps=warps, **st)
+            *_strides(ek), *_strides(k), *_strides(o), *_strides(do), HAS_HOLDS=has_holds, **st)
         sizes = [B * n_kv * n * D, B * n_kv * T * D]
         acc = torch.zeros(2, sum(sizes), dtype=torch.float32, device=q.device)  # rows: key, value grads of [entries | exact]
         for (entry, kx, vx, N), part in zip(((True, ek, ev, n), (False, k, v, T)), acc.split(sizes, 1), strict=True):
             if N:
-                chunk = _query_chunk(T, triton.cdiv(N, BN) * B * H, BM) if entry else T
-                _dkv_kernel[(triton.cdiv(N, BN), B * H, triton.cdiv(T, chunk))](
+                chunk = _query_chunk(T, N * B * H) if entry else T
+                _dkv_kernel[lambda meta, N=N, chunk=chunk: (triton.cdiv(N, meta["BN"]), B * H, triton.cdiv(T, chunk))](
                     q, kx, vx, do, part[0], part[1], lse, delta, holds8, pos, qk_scale, sm_scale, T, N, n,
                     grid.exact_keep, chunk, *_strides(q), *_strides(kx), *_strides(do), ENTRY=entry,
-                    HAS_HOLDS=has_holds and entry, BM=BM, BN=BN, num_warps=warps, **st)
+                    HAS_HOLDS=has_holds and entry, **st)
         (dek, dev), (dk, dv) = ((g.view(2, B, n_kv, -1, D)).unbind(0) for g in acc.to(k.dtype).split(sizes, 1))
         dsinks = None
         if has_sinks:  # d sink_h = -sum_{b,t} p_sink delta: the sink's share of each softmax, times -rowsum(dO O)
