@@ -361,7 +361,7 @@ class JointAttention(torch.autograd.Function):
             q, ek, ev, k, v, o, lse, holds8, sink32, pos, qk_scale, T, n, *_strides(q), *_strides(ek), *_strides(k),
             *_strides(o), HAS_HOLDS=holds is not None, HAS_SINKS=sinks is not None, **st)
         ctx.save_for_backward(q, ek, ev, k, v, o, lse, holds8, sink32, pos)
-        ctx.grid, ctx.has = grid, (holds is not None, sinks is not None)
+        ctx.grid, ctx.has, ctx.sink_dtype = grid, (holds is not None, sinks is not None), getattr(sinks, "dtype", None)
         return o
 
     @staticmethod
@@ -392,7 +392,7 @@ class JointAttention(torch.autograd.Function):
         dsinks = None
         if has_sinks:  # d sink_h = -sum_{b,t} p_sink delta: the sink's share of each softmax, times -rowsum(dO O)
             p_sink = torch.exp2(sink32.view(1, H, 1) * LOG2E - lse)  # (B, H, T)
-            dsinks = -(p_sink * delta).sum((0, 2))
+            dsinks = -(p_sink * delta).sum((0, 2)).to(ctx.sink_dtype)
         return dq, dek, dev, dk, dv, dsinks, None, None, None
 
 
