@@ -91,3 +91,22 @@ def test_flex_block_mask_is_the_rule(W, S, o, T, t0, local):
     assert not (full & partial).any()
     rule = mask.mask_mod(0, 0, torch.arange(T)[:, None], torch.arange(n_pad + T)[None, :])
     assert torch.equal(full | (partial & rule), truth)
+
+
+def test_triton_kernels_in_half_precision():
+    """fp16 inputs (the interpreter cannot multiply bf16; the GPU check covers it): output and gradients within
+    fp16's rounding of the fp32 reference on the same inputs, relative to the largest value."""
+    pytest.importorskip("triton", reason="the triton package is not installed")
+    grid, T = Grid(8, 4, 2, 16), 70
+    pos = torch.arange(T)
+    q, ek, ev, k, v, _, _, _ = inputs(1, 4, 2, T, grid.n_complete(T), 16, False)
+    halves = [x.detach().half().requires_grad_() for x in (q, ek, ev, k, v)]
+    singles = [x.detach().float().requires_grad_() for x in halves]
+    fast = blockwise.triton_attention(halves[0], pos, *halves[1:], grid)
+    ref = dense_reference(singles[0], pos, *singles[1:], grid)
+    up = torch.randn_like(ref)
+    got = [fast, *torch.autograd.grad(fast, halves, up.half())]
+    want = [ref, *torch.autograd.grad(ref, singles, up)]
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == torch.float16
+        assert (a.float() - b).abs().max() <= 1e-2 * b.abs().max()
