@@ -1,5 +1,5 @@
-"""A short GPU smoke run of the fast backends (under a minute on one H200): the `small` preset's W8/S8 and W8/S4
-attention layers (d_model 256, 8 x 32 query heads, 1 KV head), batch 1, bf16, forward+backward at T = 4,096 and
+"""A short GPU smoke run of the fast backends (under a minute on one H200): the `small` preset's W8/S8 attention
+layer (d_model 256, 8 x 32 query heads, 1 KV head), batch 1, bf16, forward+backward at T = 4,096 and
 16,384 on each backend, checked against blockwise (output and input gradient, max diff / max |blockwise|), with
 the first call's time (compiles, mask building) apart from the warm median; full causal SDPA's layer beside.
     python benchmarks/gpu_smoke.py [DEVICE [LENGTHS]]     (a dry run here: python benchmarks/gpu_smoke.py cpu 70)
@@ -48,7 +48,7 @@ def main(device: str = "cuda", lengths: str = ",".join(map(str, LENGTHS))) -> No
     dev = torch.device(device)
     torch.manual_seed(0)
     layers = {name: Attention(ModelConfig.from_name(name, preset="small"), 0).to(dev, torch.bfloat16)
-              for name in ("Full attention · 1 KV", "W8/S8 · 1 KV", "W8/S4 · 1 KV")}
+              for name in ("Full attention · 1 KV", "W8/S8 · 1 KV")}
     print(f"{'layer':>22} {'backend':>9} {'T':>6} {'first s':>8} {'warm ms':>8} {'/ full':>7}  check")
     for T in map(int, lengths.split(",")):
         h = torch.randn(1, T, 256, device=dev, dtype=torch.bfloat16, requires_grad=True)
