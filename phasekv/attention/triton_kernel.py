@@ -73,19 +73,19 @@ def _configs(tiles: tuple[tuple[int, int, int, int], ...]) -> list:
 
 # ---- the visibility rule, in kernel form (positions.Grid states it; tests hold the two equal) ----
 @triton.jit
-def _n_visible(t, S: tl.constexpr, END0: tl.constexpr):
+def _n_visible(t, S, END0):
     """Entries complete by position t: j with jS + END0 <= t (END0 = o + W - 1), t a scalar or a tensor."""
     return tl.maximum(t - END0 + S, 0) // S
 
 
 @triton.jit
-def _sees(t, idx, t0, ENTRY: tl.constexpr, S: tl.constexpr, END0: tl.constexpr, LOCAL: tl.constexpr):
+def _sees(t, idx, t0, ENTRY: tl.constexpr, S, END0, LOCAL, TAIL: tl.constexpr):
     """(BM, BN) bool: query at t (BM, 1) sees key idx (1, BN): entry idx, or the exact token at t0 + idx."""
     if ENTRY:
         vis = idx * S + END0 <= t
     else:
         p = idx + t0
-        if LOCAL > 0:
+        if not TAIL:
             vis = (p <= t) & (p > t - LOCAL)
         else:  # uncompressed tail: after the newest visible entry's end (-1 when none is visible)
             nv = _n_visible(t, S, END0)
@@ -94,9 +94,9 @@ def _sees(t, idx, t0, ENTRY: tl.constexpr, S: tl.constexpr, END0: tl.constexpr, 
 
 
 @triton.jit
-def _exact_lo(t, t0, S: tl.constexpr, END0: tl.constexpr, LOCAL: tl.constexpr):
+def _exact_lo(t, t0, S, END0, LOCAL, TAIL: tl.constexpr):
     """Index (from t0) of the oldest exact token the query at scalar t sees, clamped at 0."""
-    if LOCAL > 0:
+    if not TAIL:
         lo = t - LOCAL + 1
     else:
         nv = _n_visible(t, S, END0)
@@ -107,8 +107,8 @@ def _exact_lo(t, t0, S: tl.constexpr, END0: tl.constexpr, LOCAL: tl.constexpr):
 # ---- forward ----
 @triton.jit
 def _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kn, lo, hi, n_keys, t0, qk_scale,
-               ENTRY: tl.constexpr, MASK: tl.constexpr, HAS_HOLDS: tl.constexpr, S: tl.constexpr,
-               END0: tl.constexpr, LOCAL: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
+               ENTRY: tl.constexpr, MASK: tl.constexpr, HAS_HOLDS: tl.constexpr, S,
+               END0, LOCAL, TAIL: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
                PREC: tl.constexpr):
     """Online softmax of queries q (BM, BD) at t (BM,) over keys lo..hi-1 (k, v at kp, vp: (n_keys, D))."""
     offs_d = tl.arange(0, BD)
@@ -120,7 +120,7 @@ def _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kn, lo, hi, n_keys, t0, qk_sca
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # (BM, BN), log2 units
         keep = ok[None, :]
         if MASK:
-            keep = keep & _sees(t[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL)
+            keep = keep & _sees(t[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL, TAIL)
         if HAS_HOLDS:
             keep = keep & (tl.load(hp + offs_n, mask=ok, other=0) != 0)[None, :]
         s = tl.where(keep, s, float("-inf"))
@@ -137,7 +137,7 @@ def _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kn, lo, hi, n_keys, t0, qk_sca
 @triton.jit
 def _fwd_kernel(Q, EK, EV, K, V, OUT, LSE, HOLDS, SINKS, POS, qk_scale, T, n,
                 s_qb, s_qh, s_qt, s_eb, s_eh, s_en, s_kb, s_kh, s_kt, s_ob, s_oh, s_ot,
-                H: tl.constexpr, G: tl.constexpr, S: tl.constexpr, END0: tl.constexpr, LOCAL: tl.constexpr,
+                H: tl.constexpr, G: tl.constexpr, S, END0, LOCAL, TAIL: tl.constexpr,
                 HAS_HOLDS: tl.constexpr, HAS_SINKS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 BD: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
@@ -162,13 +162,13 @@ def _fwd_kernel(Q, EK, EV, K, V, OUT, LSE, HOLDS, SINKS, POS, qk_scale, T, n,
     n_all = tl.minimum(_n_visible(t_first, S, END0), n) // BN * BN  # whole tiles every query of the block sees
     n_hi = tl.minimum(_n_visible(t_last, S, END0), n)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, ep, evp, hp, s_en, 0, n_all, n, t0, qk_scale, True, False,
-                               HAS_HOLDS, S, END0, LOCAL, BN, BD, D, PREC)
+                               HAS_HOLDS, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, ep, evp, hp, s_en, n_all, n_hi, n, t0, qk_scale, True, True,
-                               HAS_HOLDS, S, END0, LOCAL, BN, BD, D, PREC)
+                               HAS_HOLDS, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
     kp, vp = K + b * s_kb + kvh * s_kh, V + b * s_kb + kvh * s_kh
-    lo = _exact_lo(t_first, t0, S, END0, LOCAL)
+    lo = _exact_lo(t_first, t0, S, END0, LOCAL, TAIL)
     acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kt, lo, t_last - t0 + 1, T, t0, qk_scale, False,
-                               True, False, S, END0, LOCAL, BN, BD, D, PREC)
+                               True, False, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
     l_i = tl.where(offs_m < T, l_i, 1.0)  # rows past the end saw no key (never stored)
     acc = acc / l_i[:, None]
     tl.store(OUT + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], acc.to(OUT.dtype.element_ty),
@@ -179,8 +179,8 @@ def _fwd_kernel(Q, EK, EV, K, V, OUT, LSE, HOLDS, SINKS, POS, qk_scale, T, n,
 # ---- backward ----
 @triton.jit
 def _dq_tiles(dq, q, do, lse, delta, t, kp, vp, hp, s_kn, lo, hi, t0, qk_scale,
-              ENTRY: tl.constexpr, MASK: tl.constexpr, HAS_HOLDS: tl.constexpr, S: tl.constexpr,
-              END0: tl.constexpr, LOCAL: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
+              ENTRY: tl.constexpr, MASK: tl.constexpr, HAS_HOLDS: tl.constexpr, S,
+              END0, LOCAL, TAIL: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
               PREC: tl.constexpr):
     offs_d = tl.arange(0, BD)
     for start in range(lo, hi, BN):
@@ -191,7 +191,7 @@ def _dq_tiles(dq, q, do, lse, delta, t, kp, vp, hp, s_kn, lo, hi, t0, qk_scale,
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         keep = ok[None, :]
         if MASK:
-            keep = keep & _sees(t[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL)
+            keep = keep & _sees(t[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL, TAIL)
         if HAS_HOLDS:
             keep = keep & (tl.load(hp + offs_n, mask=ok, other=0) != 0)[None, :]
         p = tl.where(keep, tl.exp2(s - lse[:, None]), 0.0)  # (BM, BN)
@@ -205,7 +205,7 @@ def _dq_tiles(dq, q, do, lse, delta, t, kp, vp, hp, s_kn, lo, hi, t0, qk_scale,
 @triton.jit
 def _dq_kernel(Q, EK, EV, K, V, OUT, DO, DQ, LSE, DELTA, HOLDS, POS, qk_scale, sm_scale, T, n,
                s_qb, s_qh, s_qt, s_eb, s_eh, s_en, s_kb, s_kh, s_kt, s_ob, s_oh, s_ot, s_db, s_dh, s_dt,
-               H: tl.constexpr, G: tl.constexpr, S: tl.constexpr, END0: tl.constexpr, LOCAL: tl.constexpr,
+               H: tl.constexpr, G: tl.constexpr, S, END0, LOCAL, TAIL: tl.constexpr,
                HAS_HOLDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
                PREC: tl.constexpr):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
@@ -229,20 +229,20 @@ def _dq_kernel(Q, EK, EV, K, V, OUT, DO, DQ, LSE, DELTA, HOLDS, POS, qk_scale, s
     n_all = tl.minimum(_n_visible(t_first, S, END0), n) // BN * BN
     n_hi = tl.minimum(_n_visible(t_last, S, END0), n)
     dq = _dq_tiles(dq, q, do, lse, delta, t, ep, evp, hp, s_en, 0, n_all, t0, qk_scale, True, False, HAS_HOLDS,
-                   S, END0, LOCAL, BN, BD, D, PREC)
+                   S, END0, LOCAL, TAIL, BN, BD, D, PREC)
     dq = _dq_tiles(dq, q, do, lse, delta, t, ep, evp, hp, s_en, n_all, n_hi, t0, qk_scale, True, True, HAS_HOLDS,
-                   S, END0, LOCAL, BN, BD, D, PREC)
+                   S, END0, LOCAL, TAIL, BN, BD, D, PREC)
     kp, vp = K + b * s_kb + kvh * s_kh, V + b * s_kb + kvh * s_kh
-    lo = _exact_lo(t_first, t0, S, END0, LOCAL)
+    lo = _exact_lo(t_first, t0, S, END0, LOCAL, TAIL)
     dq = _dq_tiles(dq, q, do, lse, delta, t, kp, vp, hp, s_kt, lo, t_last - t0 + 1, t0, qk_scale, False, True,
-                   False, S, END0, LOCAL, BN, BD, D, PREC)
+                   False, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
     tl.store(DQ + bh * T * D + offs_m[:, None] * D + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty),
              mask=rows)
 
 
 @triton.jit
 def _dkv_tiles(dk, dv, k, v, keep_n, offs_n, qp, dop, lp, dlp, s_qt, s_ot, lo, hi, T, t0, qk_scale,
-               ENTRY: tl.constexpr, MASK: tl.constexpr, S: tl.constexpr, END0: tl.constexpr, LOCAL: tl.constexpr,
+               ENTRY: tl.constexpr, MASK: tl.constexpr, S, END0, LOCAL, TAIL: tl.constexpr,
                BM: tl.constexpr, BD: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
     """Key and value gradients of keys k, v (BN, BD) from queries lo..hi-1 of one head (q, dO at qp, dop; lse
     and delta at lp, dlp)."""
@@ -258,7 +258,7 @@ def _dkv_tiles(dk, dv, k, v, keep_n, offs_n, qp, dop, lp, dlp, s_qt, s_ot, lo, h
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # (BM, BN)
         keep = ok[:, None] & keep_n[None, :]
         if MASK:
-            keep = keep & _sees((t0 + offs_m)[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL)
+            keep = keep & _sees((t0 + offs_m)[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL, TAIL)
         p = tl.where(keep, tl.exp2(s - lse[:, None]), 0.0)
         dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
@@ -271,8 +271,8 @@ def _dkv_tiles(dk, dv, k, v, keep_n, offs_n, qp, dop, lp, dlp, s_qt, s_ot, lo, h
 @triton.jit
 def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, POS, qk_scale, sm_scale, T, N, n, KEEP, CHUNK,
                 s_qb, s_qh, s_qt, s_xb, s_xh, s_xn, s_ob, s_oh, s_ot,
-                H: tl.constexpr, G: tl.constexpr, ENTRY: tl.constexpr, S: tl.constexpr, END0: tl.constexpr,
-                LOCAL: tl.constexpr, HAS_HOLDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                H: tl.constexpr, G: tl.constexpr, ENTRY: tl.constexpr, S, END0, LOCAL,
+                TAIL: tl.constexpr, HAS_HOLDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 BD: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
     """Gradients of N keys and values KX, VX (entries, or the T exact tokens) per (key block, sequence x query
     head, chunk of CHUNK queries): over the chunk's queries that see any of them, added (fp32 atomics) into
@@ -303,9 +303,9 @@ def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, POS, qk_scale, sm_scal
     dk = tl.zeros([BN, BD], tl.float32)
     dv = tl.zeros([BN, BD], tl.float32)
     dk, dv = _dkv_tiles(dk, dv, k, v, keep_n, offs_n, qp, dop, lp, dlp, s_qt, s_ot, m_lo, m_split, T, t0, qk_scale,
-                        ENTRY, True, S, END0, LOCAL, BM, BD, D, PREC)
+                        ENTRY, True, S, END0, LOCAL, TAIL, BM, BD, D, PREC)
     dk, dv = _dkv_tiles(dk, dv, k, v, keep_n, offs_n, qp, dop, lp, dlp, s_qt, s_ot, m_split, m_hi, T, t0, qk_scale,
-                        ENTRY, False, S, END0, LOCAL, BM, BD, D, PREC)
+                        ENTRY, False, S, END0, LOCAL, TAIL, BM, BD, D, PREC)
     if m_lo < m_hi:
         out = bkv * N * D + offs_n[:, None] * D + offs_d[None, :]
         tl.atomic_add(DK + out, dk * sm_scale, mask=cols)
@@ -316,7 +316,7 @@ def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, POS, qk_scale, sm_scal
 def _statics(q: torch.Tensor, k: torch.Tensor, grid: Grid) -> dict:
     D = q.shape[-1]
     return dict(H=q.shape[1], G=q.shape[1] // k.shape[1], S=grid.stride, END0=grid.offset + grid.window - 1,
-                LOCAL=grid.local_window or 0, BD=max(16, triton.next_power_of_2(D)), D=D,
+                LOCAL=grid.local_window or 0, TAIL=grid.local_window is None, BD=max(16, triton.next_power_of_2(D)), D=D,
                 PREC="ieee" if q.dtype == torch.float32 else "tf32")  # fp32 means fp32 (bf16/fp16 ignore it)
 
 
