@@ -7,8 +7,9 @@ outside the sequence (a decode ring). `Grid.mask` on that small key set then sho
 the keys the reference `attend` over the dense mask shows it, and one SDPA call per block runs one
 softmax per query over them. `Grid` stays the only place that states the visibility rule.
 
-Backends: `blockwise` (default, every device), `flex` (FlexAttention with a block mask built from
-the same rule; compiled on CUDA, eager elsewhere, where it is for testing only) and `reference`
+Backends: `blockwise` (default, every device), `flex` (FlexAttention with a block mask made once per
+shape from the same rule; compiled on CUDA, eager elsewhere, where it is for testing only), `triton`
+(fused Triton kernels, `triton_kernel`; CUDA, or Triton's interpreter for testing) and `reference`
 (the dense mask, the obviously correct O(T^2) version). Select one with `use_backend(name)`.
 """
 
