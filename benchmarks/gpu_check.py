@@ -43,9 +43,7 @@ def report(what: str, diff: float, tol: float = TOL, unit: str = "max abs diff")
 
 def attention_grads(backend, q, pos, ek, ev, k, v, grid, sinks, holds, up):
     leaves = [x for x in (q, ek, ev, k, v, sinks) if x is not None]
-    fn = {"blockwise": blockwise.blockwise_attention, "flex": blockwise.flex_attention,
-           "triton": blockwise.triton_attention}[backend]
-    out = fn(q, pos, ek, ev, k, v, grid, sinks=sinks, holds=holds)
+    out = blockwise.PARALLEL[backend](q, pos, ek, ev, k, v, grid, sinks=sinks, holds=holds)
     return [out, *torch.autograd.grad(out, leaves, up)]
 
 

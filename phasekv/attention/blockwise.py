@@ -26,7 +26,7 @@ from phasekv.attention.positions import Grid
 from phasekv.errors import ConfigError
 
 BACKENDS = ("blockwise", "flex", "triton", "reference")
-_backend = "blockwise"
+_backend: str | None = None  # selected by `use_backend`; None: the default (`backend`)
 
 
 def block_size(device: torch.device, length: int) -> int:
@@ -38,8 +38,10 @@ def block_size(device: torch.device, length: int) -> int:
     return 32 if length <= 2048 else 128
 
 
-def backend() -> str:
-    return _backend
+def backend(x: torch.Tensor | None = None) -> str:
+    """The selected backend, or by default the one for queries x: blockwise on every device; on CUDA until a GPU
+    measurement shows another faster (then this one rule, e.g. `"triton" if x is not None and x.is_cuda`)."""
+    return _backend or "blockwise"
 
 
 @contextmanager
@@ -271,6 +273,10 @@ def triton_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: t
     except ImportError as e:
         raise ConfigError(f"the triton backend needs the triton package ({e}); pip install triton") from e
     return fused(q, pos, ek, ev, k, v, grid, sinks, holds)
+
+
+# a compressed layer's parallel path (no ring) per fast backend; same arguments, same result
+PARALLEL = {"blockwise": blockwise_attention, "flex": flex_attention, "triton": triton_attention}
 
 
 def attend_parts(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
