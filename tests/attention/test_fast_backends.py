@@ -110,3 +110,20 @@ def test_triton_kernels_in_half_precision():
     for a, b in zip(got, want, strict=True):
         assert a.dtype == torch.float16
         assert (a.float() - b).abs().max() <= 1e-2 * b.abs().max()
+
+
+@pytest.mark.slow
+@settings(max_examples=25, deadline=None)
+@given(W=st.integers(1, 12), S=st.integers(1, 12), o=st.integers(-6, 5), T=st.integers(1, 80),
+       t0=st.sampled_from([0, 5]), local=st.sampled_from([None, 1, 3, 16, 40]), kv=st.sampled_from([1, 2]),
+       tied=st.booleans(), sink=st.booleans())
+def test_triton_kernels_on_random_grids(W, S, o, T, t0, local, kv, tied, sink):
+    """Any grid (S = 1, W = S, a leading partial window, local windows of 1 to past T), GQA, tied K/V, sinks."""
+    pytest.importorskip("triton", reason="the triton package is not installed")
+    S = min(S, W)
+    grid = Grid(W, S, max(o, -S), local)
+    pos = torch.arange(t0, t0 + T)
+    q, ek, ev, k, v, _, _, leaves = inputs(1, 2, kv, T, grid.n_complete(t0 + T), 8, tied)
+    sinks = torch.randn(2, requires_grad=True) if sink else None
+    fast = blockwise.triton_attention(q, pos, ek, ev, k, v, grid, sinks=sinks)
+    assert_same(fast, dense_reference(q, pos, ek, ev, k, v, grid, sinks), leaves + ([sinks] if sink else []))
