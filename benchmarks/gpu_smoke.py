@@ -2,21 +2,25 @@
 layer (d_model 256, 8 x 32 query heads, 1 KV head), batch 1, bf16, forward+backward at T = 4,096 and
 16,384 on each backend, checked against blockwise (output and input gradient, max diff / max |blockwise|), with
 the first call's time (compiles, mask building) apart from the warm median; full causal SDPA's layer beside.
+Then the attention alone on each backend against causal SDPA, and the tiles the Triton kernels picked.
     python benchmarks/gpu_smoke.py [DEVICE [LENGTHS]]     (a dry run here: python benchmarks/gpu_smoke.py cpu 70)
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 import time
 
 import torch
+import torch.nn.functional as F
 from common import ROOT  # noqa: F401  (puts the repo on sys.path)
 
 from phasekv import ModelConfig
 from phasekv.attention import blockwise
 from phasekv.attention.attention import Attention
+from phasekv.attention.positions import Grid
 
 BF16_TOL = 2e-2
 LENGTHS = (4096, 16384)
@@ -78,6 +82,38 @@ def main(device: str = "cuda", lengths: str = ",".join(map(str, LENGTHS))) -> No
                       flush=True)
 
 
+def backward(run, up: torch.Tensor) -> None:
+    run().backward(up)
+
+
+def kernels_alone(device: str = "cuda", lengths: str = ",".join(map(str, LENGTHS))) -> None:
+    """The attention alone (no projections, no compressor): W8/S8's joint softmax on each backend against causal
+    SDPA over the same T tokens, forward+backward, 8 query heads and 1 KV head of 32 dims, bf16, warm medians."""
+    dev = torch.device(device)
+    grid = Grid(8, 8, 0, 16)
+    print(f"{'attention alone':>22} {'backend':>9} {'T':>6} {'warm ms':>8} {'/ sdpa':>7} {'bound':>6}")
+    for T in map(int, lengths.split(",")):
+        n = grid.n_complete(T)
+        q, ek, ev, k, v = (torch.randn(1, h, m, 32, device=dev, dtype=torch.bfloat16, requires_grad=True)
+                           for h, m in ((8, T), (1, n), (1, n), (1, T), (1, T)))
+        pos = torch.arange(T, device=dev)
+        up = torch.randn(1, 8, T, 32, device=dev, dtype=torch.bfloat16)
+        runs = {"sdpa": functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=True, enable_gqa=True)}
+        runs |= {name: functools.partial(blockwise.PARALLEL[name], q, pos, ek, ev, k, v, grid)
+                 for name in ("blockwise", "flex", "triton")}
+        base = None
+        for name, run in runs.items():
+            step = functools.partial(backward, run, up)
+            try:
+                timed(step, dev)  # first call: compiles, autotuning
+                warm = statistics.median(timed(step, dev) for _ in range(WARM_REPS)) * 1e3
+            except Exception as e:
+                print(f"{'':>22} {name:>9} {T:>6} FAIL {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+                continue
+            base = base or warm
+            print(f"{'':>22} {name:>9} {T:>6} {warm:>8.3f} {warm / base:>7.3f} {(T / 8 + 16) / (T / 2):>6.3f}", flush=True)
+
+
 def tuned_tiles() -> None:
     """The tiles triton.autotune picked per (T, n, dtypes) for each kernel."""
     from phasekv.attention import triton_kernel
@@ -89,4 +125,5 @@ def tuned_tiles() -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:3])
+    kernels_alone(*sys.argv[1:3])
     tuned_tiles()
