@@ -115,12 +115,12 @@ def kernels_alone(device: str = "cuda", lengths: str = ",".join(map(str, LENGTHS
 
 
 def tuned_tiles() -> None:
-    """The tiles triton.autotune picked per (T, n, dtypes) for each kernel."""
+    """The tiles triton.autotune picked per key (length bucket, dtypes) for each kernel."""
     from phasekv.attention import triton_kernel
 
     for name in ("_fwd_kernel", "_dq_kernel", "_dkv_kernel"):
         for key, config in getattr(triton_kernel, name).cache.items():
-            print(f"tiles {name} {key[:2]}: {config}")
+            print(f"tiles {name} {key}: {config}")
 
 
 if __name__ == "__main__":

@@ -57,8 +57,9 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if INTERPRET:
     _interpreter_index_fix()
 
-# Tiles (queries, keys, warps, pipeline stages), the fastest per (T, n, dtype) picked on a kernel's first call
-# (triton.autotune): head dims of 32-128 and the bands' short key runs favour different tiles. Under the
+# Tiles (queries, keys, warps, pipeline stages), the fastest per (power-of-2 bucket of T, dtypes) picked on a
+# kernel's first call there (triton.autotune, ~0.5 s a kernel): head dims of 32-128 and the bands' short key
+# runs favour different tiles; the bucket spares evaluation runs of many lengths a tuning per length. Under the
 # interpreter one 32 x 32 tile: slow per program, so few programs, and T of 64-200 still spans several tiles.
 Q_TILES = ((64, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3))  # forward and dq
 KV_TILES = ((64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 3), (128, 64, 8, 3))  # key/value gradients
@@ -133,9 +134,9 @@ def _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kn, lo, hi, n_keys, t0, qk_sca
     return acc, m_i, l_i
 
 
-@triton.autotune(_configs(Q_TILES), key=["T", "n"])
+@triton.autotune(_configs(Q_TILES), key=["T_BUCKET"])
 @triton.jit
-def _fwd_kernel(Q, EK, EV, K, V, OUT, LSE, HOLDS, SINKS, POS, qk_scale, T, n,
+def _fwd_kernel(Q, EK, EV, K, V, OUT, LSE, HOLDS, SINKS, POS, qk_scale, T, n, T_BUCKET,
                 s_qb, s_qh, s_qt, s_eb, s_eh, s_en, s_kb, s_kh, s_kt, s_ob, s_oh, s_ot,
                 H: tl.constexpr, G: tl.constexpr, S, END0, LOCAL, TAIL: tl.constexpr,
                 HAS_HOLDS: tl.constexpr, HAS_SINKS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
@@ -201,9 +202,9 @@ def _dq_tiles(dq, q, do, lse, delta, t, kp, vp, hp, s_kn, lo, hi, t0, qk_scale,
     return dq
 
 
-@triton.autotune(_configs(Q_TILES), key=["T", "n"])
+@triton.autotune(_configs(Q_TILES), key=["T_BUCKET"])
 @triton.jit
-def _dq_kernel(Q, EK, EV, K, V, OUT, DO, DQ, LSE, DELTA, HOLDS, POS, qk_scale, sm_scale, T, n,
+def _dq_kernel(Q, EK, EV, K, V, OUT, DO, DQ, LSE, DELTA, HOLDS, POS, qk_scale, sm_scale, T, n, T_BUCKET,
                s_qb, s_qh, s_qt, s_eb, s_eh, s_en, s_kb, s_kh, s_kt, s_ob, s_oh, s_ot, s_db, s_dh, s_dt,
                H: tl.constexpr, G: tl.constexpr, S, END0, LOCAL, TAIL: tl.constexpr,
                HAS_HOLDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
@@ -267,9 +268,9 @@ def _dkv_tiles(dk, dv, k, v, keep_n, offs_n, qp, dop, lp, dlp, s_qt, s_ot, lo, h
     return dk, dv
 
 
-@triton.autotune(_configs(KV_TILES), key=["T", "N"], reset_to_zero=["DK", "DV"])  # zeroed per trial
+@triton.autotune(_configs(KV_TILES), key=["T_BUCKET", "ENTRY"], reset_to_zero=["DK", "DV"])  # zeroed per trial
 @triton.jit
-def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, POS, qk_scale, sm_scale, T, N, n, KEEP, CHUNK,
+def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, POS, qk_scale, sm_scale, T, N, n, T_BUCKET, KEEP, CHUNK,
                 s_qb, s_qh, s_qt, s_xb, s_xh, s_xn, s_ob, s_oh, s_ot,
                 H: tl.constexpr, G: tl.constexpr, ENTRY: tl.constexpr, S, END0, LOCAL,
                 TAIL: tl.constexpr, HAS_HOLDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
@@ -331,6 +332,11 @@ def _query_chunk(T: int, keys: int) -> int:
     return triton.cdiv(triton.cdiv(T, chunks), CHUNK_ALIGN) * CHUNK_ALIGN
 
 
+def _bucket(T: int) -> int:
+    """The autotuning key of a length (the kernels do not read it)."""
+    return triton.next_power_of_2(T)
+
+
 def _strides(x: torch.Tensor) -> tuple[int, int, int]:
     return x.stride(0), x.stride(1), x.stride(2)
 
@@ -358,7 +364,7 @@ class JointAttention(torch.autograd.Function):
         sink32 = sinks.float().contiguous() if sinks is not None else q.new_empty(1, dtype=torch.float32)
         qk_scale = D**-0.5 * LOG2E
         _fwd_kernel[lambda meta: (triton.cdiv(T, meta["BM"]), B * H)](
-            q, ek, ev, k, v, o, lse, holds8, sink32, pos, qk_scale, T, n, *_strides(q), *_strides(ek), *_strides(k),
+            q, ek, ev, k, v, o, lse, holds8, sink32, pos, qk_scale, T, n, _bucket(T), *_strides(q), *_strides(ek), *_strides(k),
             *_strides(o), HAS_HOLDS=holds is not None, HAS_SINKS=sinks is not None, **st)
         ctx.save_for_backward(q, ek, ev, k, v, o, lse, holds8, sink32, pos)
         ctx.grid, ctx.has, ctx.sink_dtype = grid, (holds is not None, sinks is not None), getattr(sinks, "dtype", None)
@@ -377,7 +383,7 @@ class JointAttention(torch.autograd.Function):
         dq = torch.empty(B, H, T, D, dtype=q.dtype, device=q.device)
         delta = torch.empty(B, H, T, dtype=torch.float32, device=q.device)  # rowsum(dO * O): the dq kernel writes it
         _dq_kernel[lambda meta: (triton.cdiv(T, meta["BM"]), B * H)](
-            q, ek, ev, k, v, o, do, dq, lse, delta, holds8, pos, qk_scale, sm_scale, T, n, *_strides(q),
+            q, ek, ev, k, v, o, do, dq, lse, delta, holds8, pos, qk_scale, sm_scale, T, n, _bucket(T), *_strides(q),
             *_strides(ek), *_strides(k), *_strides(o), *_strides(do), HAS_HOLDS=has_holds, **st)
         sizes = [B * n_kv * n * D, B * n_kv * T * D]
         acc = torch.zeros(2, sum(sizes), dtype=torch.float32, device=q.device)  # rows: key, value grads of [entries | exact]
@@ -386,7 +392,7 @@ class JointAttention(torch.autograd.Function):
                 chunk = _query_chunk(T, N * B * H) if entry else T
                 _dkv_kernel[lambda meta, N=N, chunk=chunk: (triton.cdiv(N, meta["BN"]), B * H, triton.cdiv(T, chunk))](
                     q, kx, vx, do, part[0], part[1], lse, delta, holds8, pos, qk_scale, sm_scale, T, N, n,
-                    grid.exact_keep, chunk, *_strides(q), *_strides(kx), *_strides(do), ENTRY=entry,
+                    _bucket(T), grid.exact_keep, chunk, *_strides(q), *_strides(kx), *_strides(do), ENTRY=entry,
                     HAS_HOLDS=has_holds and entry, **st)
         (dek, dev), (dk, dv) = ((g.view(2, B, n_kv, -1, D)).unbind(0) for g in acc.to(k.dtype).split(sizes, 1))
         dsinks = None
