@@ -141,7 +141,7 @@ def _fwd_kernel(Q, EK, EV, K, V, OUT, LSE, HOLDS, SINKS, POS, qk_scale, T, n, T_
                 H: tl.constexpr, G: tl.constexpr, S, END0, LOCAL, TAIL: tl.constexpr,
                 HAS_HOLDS: tl.constexpr, HAS_SINKS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 BD: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    pid_m, bh = tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1)  # the longest (last) tiles first
     b, h = bh // H, bh % H
     kvh = h // G
     t0 = tl.load(POS).to(tl.int32)  # the first query's position, read here: the host never waits for it
@@ -209,7 +209,7 @@ def _dq_kernel(Q, EK, EV, K, V, OUT, DO, DQ, LSE, DELTA, HOLDS, POS, qk_scale, s
                H: tl.constexpr, G: tl.constexpr, S, END0, LOCAL, TAIL: tl.constexpr,
                HAS_HOLDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
                PREC: tl.constexpr):
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    pid_m, bh = tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1)  # the longest (last) tiles first
     b, h = bh // H, bh % H
     kvh = h // G
     offs_m = pid_m * BM + tl.arange(0, BM)
