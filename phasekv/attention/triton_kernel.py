@@ -141,7 +141,7 @@ def _fwd_kernel(Q, EK, EV, K, V, OUT, LSE, HOLDS, SINKS, POS, qk_scale, T, n, T_
                 H: tl.constexpr, G: tl.constexpr, S, END0, LOCAL, TAIL: tl.constexpr,
                 HAS_HOLDS: tl.constexpr, HAS_SINKS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 BD: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
-    pid_m, bh = tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1)  # the longest (last) tiles first
+    bh, pid_m = tl.program_id(0), tl.num_programs(1) - 1 - tl.program_id(1)  # every head's longest tiles first
     b, h = bh // H, bh % H
     kvh = h // G
     t0 = tl.load(POS).to(tl.int32)  # the first query's position, read here: the host never waits for it
@@ -209,7 +209,7 @@ def _dq_kernel(Q, EK, EV, K, V, OUT, DO, DQ, LSE, DELTA, HOLDS, POS, qk_scale, s
                H: tl.constexpr, G: tl.constexpr, S, END0, LOCAL, TAIL: tl.constexpr,
                HAS_HOLDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
                PREC: tl.constexpr):
-    pid_m, bh = tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1)  # the longest (last) tiles first
+    bh, pid_m = tl.program_id(0), tl.num_programs(1) - 1 - tl.program_id(1)  # every head's longest tiles first
     b, h = bh // H, bh % H
     kvh = h // G
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -363,7 +363,7 @@ class JointAttention(torch.autograd.Function):
         holds8 = holds.to(torch.int8).contiguous() if holds is not None else q.new_empty(1, dtype=torch.int8)
         sink32 = sinks.float().contiguous() if sinks is not None else q.new_empty(1, dtype=torch.float32)
         qk_scale = D**-0.5 * LOG2E
-        _fwd_kernel[lambda meta: (triton.cdiv(T, meta["BM"]), B * H)](
+        _fwd_kernel[lambda meta: (B * H, triton.cdiv(T, meta["BM"]))](
             q, ek, ev, k, v, o, lse, holds8, sink32, pos, qk_scale, T, n, _bucket(T), *_strides(q), *_strides(ek), *_strides(k),
             *_strides(o), HAS_HOLDS=holds is not None, HAS_SINKS=sinks is not None, **st)
         ctx.save_for_backward(q, ek, ev, k, v, o, lse, holds8, sink32, pos)
@@ -382,7 +382,7 @@ class JointAttention(torch.autograd.Function):
         qk_scale = sm_scale * LOG2E
         dq = torch.empty(B, H, T, D, dtype=q.dtype, device=q.device)
         delta = torch.empty(B, H, T, dtype=torch.float32, device=q.device)  # rowsum(dO * O): the dq kernel writes it
-        _dq_kernel[lambda meta: (triton.cdiv(T, meta["BM"]), B * H)](
+        _dq_kernel[lambda meta: (B * H, triton.cdiv(T, meta["BM"]))](
             q, ek, ev, k, v, o, do, dq, lse, delta, holds8, pos, qk_scale, sm_scale, T, n, _bucket(T), *_strides(q),
             *_strides(ek), *_strides(k), *_strides(o), *_strides(do), HAS_HOLDS=has_holds, **st)
         sizes = [B * n_kv * n * D, B * n_kv * T * D]
