@@ -278,7 +278,7 @@ def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, POS, qk_scale, sm_scal
     """Gradients of N keys and values KX, VX (entries, or the T exact tokens) per (key block, sequence x query
     head, chunk of CHUNK queries): over the chunk's queries that see any of them, added (fp32 atomics) into
     DK, DV (B, n_kv, N, D), where the G query heads of a KV head and the chunks meet."""
-    pid_n, bh, pid_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bh, pid_n, pid_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # heads first: block 0 is longest
     b, h = bh // H, bh % H
     t0 = tl.load(POS).to(tl.int32)
     bkv = b * (H // G) + h // G
@@ -390,7 +390,7 @@ class JointAttention(torch.autograd.Function):
         for (entry, kx, vx, N), part in zip(((True, ek, ev, n), (False, k, v, T)), acc.split(sizes, 1), strict=True):
             if N:
                 chunk = _query_chunk(T, N * B * H) if entry else T
-                _dkv_kernel[lambda meta, N=N, chunk=chunk: (triton.cdiv(N, meta["BN"]), B * H, triton.cdiv(T, chunk))](
+                _dkv_kernel[lambda meta, N=N, chunk=chunk: (B * H, triton.cdiv(N, meta["BN"]), triton.cdiv(T, chunk))](
                     q, kx, vx, do, part[0], part[1], lse, delta, holds8, pos, qk_scale, sm_scale, T, N, n,
                     _bucket(T), grid.exact_keep, chunk, *_strides(q), *_strides(kx), *_strides(do), ENTRY=entry,
                     HAS_HOLDS=has_holds and entry, **st)
