@@ -2,12 +2,15 @@
 
 FlashAttention-2 tiling over `Grid`'s rule: for a block of queries the visible entries are a prefix (entry j
 is seen by t iff jS + o + W - 1 <= t) and the exact tokens a band (the local window t - n_local < p <= t, or
-the uncompressed tail after the newest visible entry), so one program per (query block, query head) runs one
+the uncompressed tail after the newest visible entry), so one program per (query head, query block) runs one
 online softmax over the entry prefix and then the band, reading both in place (no concatenated keys, no mask
 tensor). The entries every query of the block sees run unmasked; only the ragged edge and the band are
-masked. Backward: one kernel for dq (the same loops), one for the key and value gradients, run once over
-entry blocks (a column of queries from the first that sees them to the end) and once over exact-token blocks
-(a band of at most `exact_keep` queries), each summing the g query heads of its KV head (no atomics).
+masked. Backward: a dq kernel (the same loops; it also writes rowsum(dO O)) and a key/value-gradient kernel
+per (query head, key block, chunk of queries), run over the entry blocks (the column of queries from the
+first that sees them to the end, cut into chunks where few blocks would leave the GPU idle) and over the
+exact-token blocks (a band of at most `exact_keep` queries); heads and chunks meet by fp32 atomic adds. The
+first position is read on the device (no host sync), the longest tiles launch first, and the tiles are
+autotuned per power-of-2 bucket of T.
 
 Covers every variant of the parallel path: any grid (staggered offsets, the V4 leading partial window, the
 uncompressed tail), GQA, tied K/V, attention sinks (a logit in every softmax, value 0: the online softmax
@@ -275,8 +278,8 @@ def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, POS, qk_scale, sm_scal
                 H: tl.constexpr, G: tl.constexpr, ENTRY: tl.constexpr, S, END0, LOCAL,
                 TAIL: tl.constexpr, HAS_HOLDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 BD: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
-    """Gradients of N keys and values KX, VX (entries, or the T exact tokens) per (key block, sequence x query
-    head, chunk of CHUNK queries): over the chunk's queries that see any of them, added (fp32 atomics) into
+    """Gradients of N keys and values KX, VX (entries, or the T exact tokens) per (sequence x query head, key
+    block, chunk of CHUNK queries): over the chunk's queries that see any of them, added (fp32 atomics) into
     DK, DV (B, n_kv, N, D), where the G query heads of a KV head and the chunks meet."""
     bh, pid_n, pid_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # heads first: block 0 is longest
     b, h = bh // H, bh % H
