@@ -271,7 +271,7 @@ def triton_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: t
     try:
         from phasekv.attention.triton_kernel import triton_attention as fused
     except ImportError as e:
-        raise ConfigError(f"the triton backend needs the triton package ({e}); pip install triton") from e
+        raise ConfigError(f"the triton backend cannot run here: {e}") from e
     return fused(q, pos, ek, ev, k, v, grid, sinks, holds)
 
 
