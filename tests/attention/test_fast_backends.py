@@ -26,8 +26,8 @@ CASES = [
     ("W8/S8 · 1 KV", Grid(8, 8, 0, 16), 1, 100, 0, False, False, False),
     ("W8/S4 · 2 KV · staggered windows, entries without a token", Grid(8, 4, 2, 16), 2, 75, 0, False, False, True),
     ("W5/S2 · 1 KV · uncompressed tail", Grid(5, 2, 0, None), 1, 67, 0, False, False, False),
-    ("W8/S4 · V4 leading window · sink · tied K/V, at t0 = 9", Grid(8, 4, -4, 16), 1, 70, 9, True, True, False),
-    ("W6/S3 · 2 KV · V4 · uncompressed tail · sink, entries without a token", Grid(6, 3, -3, None), 2, 64, 0, False,
+    ("W8/S4 · V4 leading window · sink · tied K/V, at t0 = 9", Grid(8, 4, -4, 16), 1, 50, 9, True, True, False),
+    ("W6/S3 · 2 KV · V4 · uncompressed tail · sink, entries without a token", Grid(6, 3, -3, None), 2, 45, 0, False,
      True, True),
 ]
 
@@ -37,8 +37,9 @@ def test_triton_kernels_equal_reference(case):
     pytest.importorskip("triton", reason="the triton package is not installed")
     _, grid, kv, T, t0, tied, sink, hold = case
     pos = torch.arange(t0, t0 + T)
-    q, ek, ev, k, v, _, _, leaves = inputs(1, 4, kv, T, grid.n_complete(t0 + T), 16, tied)
-    sinks = torch.randn(4, requires_grad=True) if sink else None
+    H = 2 * kv  # two query heads per KV head: GQA, and few programs (the interpreter is slow per program)
+    q, ek, ev, k, v, _, _, leaves = inputs(1, H, kv, T, grid.n_complete(t0 + T), 16, tied)
+    sinks = torch.randn(H, requires_grad=True) if sink else None
     holds = None
     if hold:
         holds = torch.ones(1, kv, ek.shape[2], dtype=torch.bool)
@@ -99,7 +100,7 @@ def test_triton_kernels_in_half_precision():
     pytest.importorskip("triton", reason="the triton package is not installed")
     grid, T = Grid(8, 4, 2, 16), 70
     pos = torch.arange(T)
-    q, ek, ev, k, v, _, _, _ = inputs(1, 4, 2, T, grid.n_complete(T), 16, False)
+    q, ek, ev, k, v, _, _, _ = inputs(1, 2, 1, T, grid.n_complete(T), 16, False)
     halves = [x.detach().half().requires_grad_() for x in (q, ek, ev, k, v)]
     singles = [x.detach().float().requires_grad_() for x in halves]
     fast = blockwise.triton_attention(halves[0], pos, *halves[1:], grid)
