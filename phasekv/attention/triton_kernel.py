@@ -110,11 +110,12 @@ def _exact_lo(t, t0, S, END0, LOCAL, TAIL: tl.constexpr):
 
 # ---- forward ----
 @triton.jit
-def _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kn, lo, hi, n_keys, t0, qk_scale,
+def _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kn, lo, hi, t0, qk_scale,
                ENTRY: tl.constexpr, MASK: tl.constexpr, HAS_HOLDS: tl.constexpr, S,
                END0, LOCAL, TAIL: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
                PREC: tl.constexpr):
-    """Online softmax of queries q (BM, BD) at t (BM,) over keys lo..hi-1 (k, v at kp, vp: (n_keys, D))."""
+    """Online softmax of queries q (BM, BD) at t (BM,) over keys lo..hi-1 (k, v at kp, vp). MASK False: every
+    query sees every one of them and lo..hi-1 are whole tiles, so no score is masked (unless by `holds`)."""
     offs_d = tl.arange(0, BD)
     for start in range(lo, hi, BN):
         offs_n = start + tl.arange(0, BN)
@@ -122,12 +123,13 @@ def _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kn, lo, hi, n_keys, t0, qk_sca
         k = tl.load(kp + offs_n[:, None] * s_kn + offs_d[None, :], mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)
         v = tl.load(vp + offs_n[:, None] * s_kn + offs_d[None, :], mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # (BM, BN), log2 units
-        keep = ok[None, :]
-        if MASK:
-            keep = keep & _sees(t[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL, TAIL)
-        if HAS_HOLDS:
-            keep = keep & (tl.load(hp + offs_n, mask=ok, other=0) != 0)[None, :]
-        s = tl.where(keep, s, float("-inf"))
+        if MASK or HAS_HOLDS:
+            keep = ok[None, :]
+            if MASK:
+                keep = keep & _sees(t[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL, TAIL)
+            if HAS_HOLDS:
+                keep = keep & (tl.load(hp + offs_n, mask=ok, other=0) != 0)[None, :]
+            s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -165,13 +167,13 @@ def _fwd_kernel(Q, EK, EV, K, V, OUT, LSE, HOLDS, SINKS, POS, qk_scale, T, n, T_
     hp = HOLDS + (b * (H // G) + kvh) * n
     n_all = tl.minimum(_n_visible(t_first, S, END0), n) // BN * BN  # whole tiles every query of the block sees
     n_hi = tl.minimum(_n_visible(t_last, S, END0), n)
-    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, ep, evp, hp, s_en, 0, n_all, n, t0, qk_scale, True, False,
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, ep, evp, hp, s_en, 0, n_all, t0, qk_scale, True, False,
                                HAS_HOLDS, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
-    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, ep, evp, hp, s_en, n_all, n_hi, n, t0, qk_scale, True, True,
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, ep, evp, hp, s_en, n_all, n_hi, t0, qk_scale, True, True,
                                HAS_HOLDS, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
     kp, vp = K + b * s_kb + kvh * s_kh, V + b * s_kb + kvh * s_kh
     lo = _exact_lo(t_first, t0, S, END0, LOCAL, TAIL)
-    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kt, lo, t_last - t0 + 1, T, t0, qk_scale, False,
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kt, lo, t_last - t0 + 1, t0, qk_scale, False,
                                True, False, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
     l_i = tl.where(offs_m < T, l_i, 1.0)  # rows past the end saw no key (never stored)
     acc = acc / l_i[:, None]
@@ -193,12 +195,14 @@ def _dq_tiles(dq, q, do, lse, delta, t, kp, vp, hp, s_kn, lo, hi, t0, qk_scale,
         k = tl.load(kp + offs_n[:, None] * s_kn + offs_d[None, :], mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)
         v = tl.load(vp + offs_n[:, None] * s_kn + offs_d[None, :], mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-        keep = ok[None, :]
-        if MASK:
-            keep = keep & _sees(t[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL, TAIL)
-        if HAS_HOLDS:
-            keep = keep & (tl.load(hp + offs_n, mask=ok, other=0) != 0)[None, :]
-        p = tl.where(keep, tl.exp2(s - lse[:, None]), 0.0)  # (BM, BN)
+        p = tl.exp2(s - lse[:, None])  # (BM, BN)
+        if MASK or HAS_HOLDS:  # as in `_fwd_tiles`
+            keep = ok[None, :]
+            if MASK:
+                keep = keep & _sees(t[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL, TAIL)
+            if HAS_HOLDS:
+                keep = keep & (tl.load(hp + offs_n, mask=ok, other=0) != 0)[None, :]
+            p = tl.where(keep, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)

@@ -26,6 +26,8 @@ CASES = [
     ("W8/S8 · 1 KV", Grid(8, 8, 0, 16), 1, 100, 0, False, False, False),
     ("W8/S4 · 2 KV · staggered windows, entries without a token", Grid(8, 4, 2, 16), 2, 75, 0, False, False, True),
     ("W5/S2 · 1 KV · uncompressed tail", Grid(5, 2, 0, None), 1, 67, 0, False, False, False),
+    ("W2/S1 · 1 KV: whole tiles of entries every query of a tile sees (unmasked)", Grid(2, 1, 0, 16), 1, 100, 0,
+     False, False, False),
     ("W8/S4 · V4 leading window · sink · tied K/V, at t0 = 9", Grid(8, 4, -4, 16), 1, 50, 9, True, True, False),
     ("W6/S3 · 2 KV · V4 · uncompressed tail · sink, entries without a token", Grid(6, 3, -3, None), 2, 45, 0, False,
      True, True),
