@@ -250,7 +250,7 @@ def _dq_kernel(Q, EK, EV, K, V, OUT, DO, DQ, LSE, DELTA, HOLDS, POS, qk_scale, s
 
 @triton.jit
 def _dkv_tiles(dk, dv, k, v, keep_n, offs_n, qp, dop, lp, dlp, s_qt, s_ot, lo, hi, T, t0, qk_scale,
-               ENTRY: tl.constexpr, MASK: tl.constexpr, S, END0, LOCAL, TAIL: tl.constexpr,
+               ENTRY: tl.constexpr, MASK: tl.constexpr, HAS_HOLDS: tl.constexpr, S, END0, LOCAL, TAIL: tl.constexpr,
                BM: tl.constexpr, BD: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
     """Key and value gradients of keys k, v (BN, BD) from queries lo..hi-1 of one head (q, dO at qp, dop; lse
     and delta at lp, dlp)."""
@@ -264,10 +264,12 @@ def _dkv_tiles(dk, dv, k, v, keep_n, offs_n, qp, dop, lp, dlp, s_qt, s_ot, lo, h
         lse = tl.load(lp + offs_m, mask=ok, other=0.0)
         delta = tl.load(dlp + offs_m, mask=ok, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # (BM, BN)
-        keep = ok[:, None] & keep_n[None, :]
-        if MASK:
-            keep = keep & _sees((t0 + offs_m)[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL, TAIL)
-        p = tl.where(keep, tl.exp2(s - lse[:, None]), 0.0)
+        p = tl.exp2(s - lse[:, None])
+        if MASK or HAS_HOLDS:  # else rows past hi (q, dO, delta loaded 0) and keys past N (not stored) add nothing
+            keep = ok[:, None] & keep_n[None, :]
+            if MASK:
+                keep = keep & _sees((t0 + offs_m)[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL, TAIL)
+            p = tl.where(keep, p, 0.0)
         dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = p * (dp - delta[:, None])
@@ -311,9 +313,9 @@ def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, POS, qk_scale, sm_scal
     dk = tl.zeros([BN, BD], tl.float32)
     dv = tl.zeros([BN, BD], tl.float32)
     dk, dv = _dkv_tiles(dk, dv, k, v, keep_n, offs_n, qp, dop, lp, dlp, s_qt, s_ot, m_lo, m_split, T, t0, qk_scale,
-                        ENTRY, True, S, END0, LOCAL, TAIL, BM, BD, D, PREC)
+                        ENTRY, True, HAS_HOLDS, S, END0, LOCAL, TAIL, BM, BD, D, PREC)
     dk, dv = _dkv_tiles(dk, dv, k, v, keep_n, offs_n, qp, dop, lp, dlp, s_qt, s_ot, m_split, m_hi, T, t0, qk_scale,
-                        ENTRY, False, S, END0, LOCAL, TAIL, BM, BD, D, PREC)
+                        ENTRY, False, HAS_HOLDS, S, END0, LOCAL, TAIL, BM, BD, D, PREC)
     if m_lo < m_hi:
         out = bkv * N * D + offs_n[:, None] * D + offs_d[None, :]
         tl.atomic_add(DK + out, dk * sm_scale, mask=cols)
