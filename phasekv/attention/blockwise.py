@@ -210,9 +210,14 @@ def _flex(flex, q, keys, values, mask, holds: torch.Tensor | None, n: int) -> to
     return flex(q, keys, values, score_mod=score_mod, block_mask=mask, enable_gqa=True)
 
 
+FLEX_SHAPES = 64  # shapes (lengths, batch, dtype, with holds or not) flex compiles for in one process; past
+# dynamo's default of 8 it would fall back to eager flex, which materialises every score
+
+
 @functools.cache
 def _compiled_flex():
-    return torch.compile(_flex, dynamic=False)  # one graph per shape: every step of a run reuses it
+    """`_flex` compiled with one graph per shape (dynamic=False): every step of a run reuses its shape's graph."""
+    return torch._dynamo.config.patch(recompile_limit=FLEX_SHAPES)(torch.compile(_flex, dynamic=False))
 
 
 @functools.lru_cache(maxsize=16)
