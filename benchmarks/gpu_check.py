@@ -6,6 +6,7 @@ so that one GPU session still yields the benchmark figures."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -16,6 +17,7 @@ from phasekv.attention import blockwise
 from phasekv.attention.positions import Grid
 from phasekv.errors import ConfigError
 
+os.environ.setdefault("PHASEKV_TRITON_TUNE", "0")  # equality, not speed: the triton kernels' first tiles, no tuning
 TOL = 1e-5
 BF16_TOL = 2e-2  # bf16 keeps 8 bits: blockwise's own bf16 error is of this order (printed beside)
 BACKENDS = ("blockwise", "flex", "triton")

@@ -69,10 +69,13 @@ KV_TILES = ((64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 3), (128, 64, 8, 3))  #
 CHUNK_ALIGN = 32 if INTERPRET else 128  # the entry-gradient kernel's query chunks: whole tiles of any size
 
 
+TUNE = os.environ.get("PHASEKV_TRITON_TUNE", "1") != "0"  # 0: the first tiles only (equality checks: no tuning)
+
+
 def _configs(tiles: tuple[tuple[int, int, int, int], ...]) -> list:
     if INTERPRET:
         return [triton.Config({"BM": 32, "BN": 32}, num_warps=1)]
-    return [triton.Config({"BM": m, "BN": n}, num_warps=w, num_stages=st) for m, n, w, st in tiles]
+    return [triton.Config({"BM": m, "BN": n}, num_warps=w, num_stages=st) for m, n, w, st in tiles[: None if TUNE else 1]]
 
 
 # ---- the visibility rule, in kernel form (positions.Grid states it; tests hold the two equal) ----
