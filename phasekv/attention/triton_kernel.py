@@ -61,11 +61,11 @@ if INTERPRET:
     _interpreter_index_fix()
 
 # Tiles (queries, keys, warps, pipeline stages), the fastest per (power-of-2 bucket of T, dtypes) picked on a
-# kernel's first call there (triton.autotune, ~0.5 s a kernel): head dims of 32-128 and the bands' short key
+# kernel's first call there (triton.autotune, ~0.3 s a kernel): head dims of 32-128 and the bands' short key
 # runs favour different tiles; the bucket spares evaluation runs of many lengths a tuning per length. Under the
 # interpreter one 32 x 32 tile: slow per program, so few programs, and T of 64-200 still spans several tiles.
-Q_TILES = ((64, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3))  # forward and dq
-KV_TILES = ((64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 3), (128, 64, 8, 3))  # key/value gradients
+Q_TILES = ((64, 64, 4, 2), (128, 64, 4, 3))  # forward and dq; two each: every tile compiles (~1 s) once a machine
+KV_TILES = ((64, 64, 4, 2), (128, 64, 8, 3))  # key/value gradients
 CHUNK_ALIGN = 32 if INTERPRET else 128  # the entry-gradient kernel's query chunks: whole tiles of any size
 
 
