@@ -22,12 +22,13 @@ TOL = 1e-5
 BF16_TOL = 2e-2  # bf16 keeps 8 bits: blockwise's own bf16 error is of this order (printed beside)
 BACKENDS = ("blockwise", "flex", "triton")
 SHAPE = dict(preset="tiny", vocab_size=61, n_layers=2, d_model=32, n_heads=8, head_dim=16, d_ff=48)
-NAMES = ["W8/S8 · 1 KV", "W8/S4 · 2 KV · staggered windows", "W5/S2 · 1 KV · uncompressed tail", "DeepSeek-style kernel",
-         "W6/S3 · 1 KV · V4 compressor · uncompressed tail · attention sink"]
+NAMES = ["W8/S8 · 1 KV", "W8/S4 · 2 KV · staggered windows", "W5/S2 · 1 KV · uncompressed tail",
+         "DeepSeek-style kernel", "W6/S3 · 1 KV · V4 compressor · uncompressed tail · attention sink"]
 # (what, grid, KV heads, sinks, holds) at the `small` preset's heads: 8 query heads of 32 dims; precision, not
 # logic (the fp32 checks above cover the variants): two cases, one compile of flex
 BF16_CASES = [("W8/S8 · 1 KV", Grid(8, 8, 0, 16), 1, False, False),
-              ("W6/S3 · V4 · uncompressed tail · sink, entries without a token", Grid(6, 3, -3, None), 1, True, True)]
+              ("W6/S3 · V4 · uncompressed tail · sink, entries without a token", Grid(6, 3, -3, None), 1, True,
+               True)]
 
 
 def run(model, ids, backend):

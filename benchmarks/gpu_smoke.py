@@ -111,7 +111,8 @@ def kernels_alone(device: str = "cuda", lengths: str = ",".join(map(str, LENGTHS
                 print(f"{'':>22} {name:>9} {T:>6} FAIL {type(e).__name__}: {str(e).splitlines()[0][:160]}")
                 continue
             base = base or warm
-            print(f"{'':>22} {name:>9} {T:>6} {warm:>8.3f} {warm / base:>7.3f} {(T / 8 + 16) / (T / 2):>6.3f}", flush=True)
+            bound = (T / 8 + 16) / (T / 2)
+            print(f"{'':>22} {name:>9} {T:>6} {warm:>8.3f} {warm / base:>7.3f} {bound:>6.3f}", flush=True)
 
 
 def tuned_tiles() -> None:

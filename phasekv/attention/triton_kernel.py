@@ -75,7 +75,8 @@ TUNE = os.environ.get("PHASEKV_TRITON_TUNE", "1") != "0"  # 0: the first tiles o
 def _configs(tiles: tuple[tuple[int, int, int, int], ...]) -> list:
     if INTERPRET:
         return [triton.Config({"BM": 32, "BN": 32}, num_warps=1)]
-    return [triton.Config({"BM": m, "BN": n}, num_warps=w, num_stages=st) for m, n, w, st in tiles[: None if TUNE else 1]]
+    tiles = tiles if TUNE else tiles[:1]
+    return [triton.Config({"BM": m, "BN": n}, num_warps=w, num_stages=st) for m, n, w, st in tiles]
 
 
 # ---- the visibility rule, in kernel form (positions.Grid states it; tests hold the two equal) ----
@@ -329,18 +330,19 @@ def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, POS, qk_scale, sm_scal
 def _statics(q: torch.Tensor, k: torch.Tensor, grid: Grid) -> dict:
     D = q.shape[-1]
     return dict(H=q.shape[1], G=q.shape[1] // k.shape[1], S=grid.stride, END0=grid.offset + grid.window - 1,
-                LOCAL=grid.local_window or 0, TAIL=grid.local_window is None, BD=max(16, triton.next_power_of_2(D)), D=D,
+                LOCAL=grid.local_window or 0, TAIL=grid.local_window is None, BD=max(16, triton.next_power_of_2(D)),
+                D=D,
                 PREC="ieee" if q.dtype == torch.float32 else "tf32")  # fp32 means fp32 (bf16/fp16 ignore it)
 
 
 PROGRAMS = 1024  # entry gradients: the query range is split in chunks until about this many programs run
 
 
-def _query_chunk(T: int, keys: int) -> int:
-    """Queries per chunk of the entry-gradient kernel, whose programs are (64-key block, sequence x head, chunk):
-    the entries of a block are read by every later query, so few blocks (short T) would leave most of the GPU
-    idle; their query ranges are split instead."""
-    chunks = max(1, min(triton.cdiv(T, CHUNK_ALIGN), PROGRAMS // max(triton.cdiv(keys, 64), 1)))
+def _query_chunk(T: int, rows: int) -> int:
+    """Queries per chunk of the entry-gradient kernel, whose programs are (sequence x head, key block, chunk),
+    for `rows` = entries x sequences x heads: the entries of a block are read by every later query, so few
+    blocks (short T) would leave most of the GPU idle; their query ranges are split instead."""
+    chunks = max(1, min(triton.cdiv(T, CHUNK_ALIGN), PROGRAMS // max(triton.cdiv(rows, 64), 1)))
     return triton.cdiv(triton.cdiv(T, chunks), CHUNK_ALIGN) * CHUNK_ALIGN
 
 
@@ -371,13 +373,13 @@ class JointAttention(torch.autograd.Function):
         n = ek.shape[2]
         st = _statics(q, k, grid)
         o = q.new_empty(B, T, H, D).transpose(1, 2)  # (B, H, T, D) in (B, T, H, D) memory: o_proj reads it in place
-        lse = q.new_empty(B, H, T, dtype=torch.float32)  # log2 of each softmax's sum, in log2 units
+        lse = q.new_empty(B, H, T, dtype=torch.float32)  # each softmax's log-sum-exp, in log2 units
         holds8 = holds.to(torch.int8).contiguous() if holds is not None else q.new_empty(1, dtype=torch.int8)
         sink32 = sinks.float().contiguous() if sinks is not None else q.new_empty(1, dtype=torch.float32)
         qk_scale = D**-0.5 * LOG2E
         _fwd_kernel[lambda meta: (B * H, triton.cdiv(T, meta["BM"]))](
-            q, ek, ev, k, v, o, lse, holds8, sink32, pos, qk_scale, T, n, _bucket(T), *_strides(q), *_strides(ek), *_strides(k),
-            *_strides(o), HAS_HOLDS=holds is not None, HAS_SINKS=sinks is not None, **st)
+            q, ek, ev, k, v, o, lse, holds8, sink32, pos, qk_scale, T, n, _bucket(T), *_strides(q), *_strides(ek),
+            *_strides(k), *_strides(o), HAS_HOLDS=holds is not None, HAS_SINKS=sinks is not None, **st)
         ctx.save_for_backward(q, ek, ev, k, v, o, lse, holds8, sink32, pos)
         ctx.grid, ctx.has, ctx.sink_dtype = grid, (holds is not None, sinks is not None), getattr(sinks, "dtype", None)
         return o
@@ -398,7 +400,7 @@ class JointAttention(torch.autograd.Function):
             q, ek, ev, k, v, o, do, dq, lse, delta, holds8, pos, qk_scale, sm_scale, T, n, _bucket(T), *_strides(q),
             *_strides(ek), *_strides(k), *_strides(o), *_strides(do), HAS_HOLDS=has_holds, **st)
         sizes = [B * n_kv * n * D, B * n_kv * T * D]
-        acc = torch.zeros(2, sum(sizes), dtype=torch.float32, device=q.device)  # rows: key, value grads of [entries | exact]
+        acc = torch.zeros(2, sum(sizes), dtype=torch.float32, device=q.device)  # key, value grads: [entries | exact]
         for (entry, kx, vx, N), part in zip(((True, ek, ev, n), (False, k, v, T)), acc.split(sizes, 1), strict=True):
             if N:
                 chunk = _query_chunk(T, N * B * H) if entry else T
