@@ -1,9 +1,12 @@
-"""GPU check of the fast paths (run by gpu.sh before the benchmarks): blockwise and flex parallel attention and
-the cached decode, each against the dense-mask reference in fp32, forward and gradients. Prints PASS/FAIL
-lines and exits 0 either way, so that one GPU session still yields the benchmark figures."""
+"""GPU check of the fast paths (run by gpu.sh before the benchmarks): blockwise, flex and triton parallel attention
+and the cached decode, each against the dense-mask reference in fp32 (max abs diff), forward and gradients; then
+the flex and triton kernels in bf16 at the `small` preset's head shape against blockwise in fp32 (relative to
+the largest value). Prints PASS/FAIL lines (SKIP where a backend has no such variant) and exits 0 either way,
+so that one GPU session still yields the benchmark figures."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -11,10 +14,21 @@ from common import ROOT  # noqa: F401  (puts the repo on sys.path)
 
 from phasekv import ModelConfig, PhaseLM
 from phasekv.attention import blockwise
+from phasekv.attention.positions import Grid
+from phasekv.errors import ConfigError
 
+os.environ.setdefault("PHASEKV_TRITON_TUNE", "0")  # equality, not speed: the triton kernels' first tiles, no tuning
 TOL = 1e-5
+BF16_TOL = 2e-2  # bf16 keeps 8 bits: blockwise's own bf16 error is of this order (printed beside)
+BACKENDS = ("blockwise", "flex", "triton")
 SHAPE = dict(preset="tiny", vocab_size=61, n_layers=2, d_model=32, n_heads=8, head_dim=16, d_ff=48)
-NAMES = ["W8/S8 · 1 KV", "W8/S4 · 2 KV · staggered windows", "W5/S2 · 1 KV · uncompressed tail", "DeepSeek-style kernel"]
+NAMES = ["W8/S8 · 1 KV", "W8/S4 · 2 KV · staggered windows", "W5/S2 · 1 KV · uncompressed tail",
+         "DeepSeek-style kernel", "W6/S3 · 1 KV · V4 compressor · uncompressed tail · attention sink"]
+# (what, grid, KV heads, sinks, holds) at the `small` preset's heads: 8 query heads of 32 dims; precision, not
+# logic (the fp32 checks above cover the variants): two cases, one compile of flex
+BF16_CASES = [("W8/S8 · 1 KV", Grid(8, 8, 0, 16), 1, False, False),
+              ("W6/S3 · V4 · uncompressed tail · sink, entries without a token", Grid(6, 3, -3, None), 1, True,
+               True)]
 
 
 def run(model, ids, backend):
@@ -25,8 +39,51 @@ def run(model, ids, backend):
     return logits.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
-def report(what: str, diff: float) -> None:
-    print(f"{'PASS' if diff <= TOL else 'FAIL'} {what}: max abs diff {diff:.2e}", flush=True)
+def report(what: str, diff: float, tol: float = TOL, unit: str = "max abs diff") -> None:
+    print(f"{'PASS' if diff <= tol else 'FAIL'} {what}: {unit} {diff:.2e}", flush=True)
+
+
+def attention_grads(backend, q, pos, ek, ev, k, v, grid, sinks, holds, up):
+    leaves = [x for x in (q, ek, ev, k, v, sinks) if x is not None]
+    out = blockwise.PARALLEL[backend](q, pos, ek, ev, k, v, grid, sinks=sinks, holds=holds)
+    return [out, *torch.autograd.grad(out, leaves, up)]
+
+
+def case_grads(backend, dtype, xs, pos, grid, sinks, holds, up):
+    """Output and gradients of one backend with inputs xs = (q, ek, ev, k, v) and sinks cast to dtype."""
+    q, ek, ev, k, v = (x.to(dtype).requires_grad_() for x in xs)
+    sinks = None if sinks is None else sinks.clone().requires_grad_()
+    return attention_grads(backend, q, pos, ek, ev, k, v, grid, sinks, holds, up.to(dtype))
+
+
+def check_bf16(dev: torch.device, T: int = 2500) -> None:
+    """Each fast backend in bf16 against blockwise in fp32 on the same (bf16-rounded) inputs: output and the
+    q, entry, k, v (and sink) gradients, max abs diff relative to the reference's largest value."""
+    for what, grid, kv, sink, hold in BF16_CASES:
+        torch.manual_seed(0)
+        n = grid.n_complete(T)
+        xs = [torch.randn(2, h, m, 32, device=dev).bfloat16() for h, m in ((8, T), (kv, n), (kv, n), (kv, T), (kv, T))]
+        sinks = torch.randn(8, device=dev) if sink else None
+        holds = None
+        if hold:
+            holds = torch.ones(2, kv, n, dtype=torch.bool, device=dev)
+            holds[1, -1, :2] = False
+        pos = torch.arange(T, device=dev)
+        up = torch.randn(2, 8, T, 32, device=dev)
+
+        case = (xs, pos, grid, sinks, holds, up)
+        ref = case_grads("blockwise", torch.float32, *case)
+        for backend in BACKENDS:
+            try:
+                got = case_grads(backend, torch.bfloat16, *case)
+            except ConfigError as e:
+                print(f"SKIP {what} · {backend} bf16: {e}")
+                continue
+            except Exception as e:
+                print(f"FAIL {what} · {backend} bf16: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                continue
+            rel = max(((a.float() - b).abs().max() / b.abs().max()).item() for a, b in zip(got, ref, strict=True))
+            report(f"{what} · {backend} bf16 forward and gradients", rel, BF16_TOL, "max diff / max |ref|")
 
 
 def main(device: str = "cuda") -> None:
@@ -38,17 +95,20 @@ def main(device: str = "cuda") -> None:
         model = PhaseLM(ModelConfig.from_name(name, **SHAPE)).to(dev)
         ids = torch.randint(0, 61, (2, 2500), device=dev)  # several 1024-query blocks, a short last one
         ref, g_ref = run(model, ids, "reference")
-        for backend in ("blockwise", "flex"):
+        for backend in BACKENDS:
             try:
                 out, g = run(model, ids, backend)
                 report(f"{name} · {backend} forward", (out - ref).abs().max().item())
                 report(f"{name} · {backend} gradients", max((a - b).abs().max().item() for a, b in zip(g, g_ref, strict=True)))
+            except ConfigError as e:  # a variant the backend does not run (flex: attention sinks)
+                print(f"SKIP {name} · {backend}: {e}")
             except Exception as e:  # a backend that cannot run here is reported, not fatal to the benchmarks
                 print(f"FAIL {name} · {backend}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
         with torch.no_grad():
             cache = model.eval().new_cache(2)
             steps = [model(ids[:, :1500], cache=cache)] + [model(ids[:, t : t + 1], cache=cache) for t in range(1500, 1600)]
             report(f"{name} · cached decode vs parallel", (torch.cat(steps, 1) - ref[:, :1600]).abs().max().item())
+    check_bf16(dev)
 
 
 if __name__ == "__main__":

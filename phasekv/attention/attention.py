@@ -132,11 +132,10 @@ class Attention(nn.Module):
     def _compressed(self, q, k, v, h, pos, shift=None) -> torch.Tensor:
         ek, ev = self.compressor.entries(h, self.k_norm, shift)  # (B, n_kv, n, D) each
         holds = self.compressor.holds_token(ek.shape[2], shift)  # (B, n_kv, n) or None: entries with a token
+        fast = blockwise.PARALLEL.get(blockwise.backend(q))  # None: the reference
+        if fast is not None:
+            return fast(q, pos, ek, ev, k, v, self.grid, sinks=self.sinks, holds=holds)
         j = torch.arange(ek.shape[2], device=pos.device)
-        if blockwise.backend() == "blockwise":
-            return blockwise.blockwise_attention(q, pos, ek, ev, k, v, self.grid, sinks=self.sinks, holds=holds)
-        if blockwise.backend() == "flex":
-            return blockwise.flex_attention(q, pos, ek, ev, k, v, self.grid, sinks=self.sinks, holds=holds)
         mask = self.grid.mask(pos, j, pos)  # the reference: dense (T, n + T) mask
         if holds is not None:  # per sequence and KV head: (B, n_kv, 1, T, n + T)
             mask = mask & F.pad(holds, (0, k.shape[2]), value=True)[:, :, None, None]

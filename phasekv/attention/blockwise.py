@@ -7,8 +7,9 @@ outside the sequence (a decode ring). `Grid.mask` on that small key set then sho
 the keys the reference `attend` over the dense mask shows it, and one SDPA call per block runs one
 softmax per query over them. `Grid` stays the only place that states the visibility rule.
 
-Backends: `blockwise` (default, every device), `flex` (FlexAttention with a block mask built from
-the same rule; compiled on CUDA, eager elsewhere, where it is for testing only) and `reference`
+Backends: `blockwise` (default, every device), `flex` (FlexAttention with a block mask made once per
+shape from the same rule; compiled on CUDA, eager elsewhere, where it is for testing only), `triton`
+(fused Triton kernels, `triton_kernel`; CUDA, or Triton's interpreter for testing) and `reference`
 (the dense mask, the obviously correct O(T^2) version). Select one with `use_backend(name)`.
 """
 
@@ -24,8 +25,8 @@ import torch.nn.functional as F
 from phasekv.attention.positions import Grid
 from phasekv.errors import ConfigError
 
-BACKENDS = ("blockwise", "flex", "reference")
-_backend = "blockwise"
+BACKENDS = ("blockwise", "flex", "triton", "reference")
+_backend: str | None = None  # selected by `use_backend`; None: the default (`backend`)
 
 
 def block_size(device: torch.device, length: int) -> int:
@@ -37,8 +38,10 @@ def block_size(device: torch.device, length: int) -> int:
     return 32 if length <= 2048 else 128
 
 
-def backend() -> str:
-    return _backend
+def backend(x: torch.Tensor | None = None) -> str:
+    """The selected backend, or by default the one for queries x: blockwise on every device; on CUDA until a GPU
+    measurement shows another faster (then this one rule, e.g. `"triton" if x is not None and x.is_cuda`)."""
+    return _backend or "blockwise"
 
 
 @contextmanager
@@ -170,39 +173,115 @@ def _bands(x: torch.Tensor, block: int, keep: int) -> list[list[torch.Tensor]]:
     return bands
 
 
-_compiled_flex = None
+FLEX_BLOCK = 128  # FlexAttention's tile (its default): the entries are padded to a multiple, so the exact tokens'
+# tiles line up with the query tiles and each query tile's band of exact tokens touches at most two of them
 
 
 def flex_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor, grid: Grid, sinks: torch.Tensor | None = None,
                    holds: torch.Tensor | None = None) -> torch.Tensor:
-    """The parallel path with FlexAttention: keys [entries, exact tokens], a block mask from `Grid`'s rule (and
-    `holds`, as in `blockwise_attention`)."""
-    global _compiled_flex
-    from torch.nn.attention.flex_attention import create_block_mask
+    """The parallel path with FlexAttention: keys [entries, zero padding to FLEX_BLOCK, exact tokens], a block
+    mask made once per (grid, t0, T, n, device) from `Grid`'s rule (`flex_block_mask`), `holds` (as in
+    `blockwise_attention`) as a score modification, so that the cached mask does not depend on it. Compiled once
+    per shape on CUDA (dynamic=False), eager elsewhere, where it is for testing only (forward)."""
+    if sinks is not None:
+        raise ConfigError("the flex backend has no attention sink; use the blockwise, triton or reference backend")
+    n, T = ek.shape[2], q.shape[2]
+    n_pad = -(-n // FLEX_BLOCK) * FLEX_BLOCK
+    mask = flex_block_mask(grid, int(pos[0]), T, n, q.device)
+    zeros = [ek.new_zeros(*ek.shape[:2], n_pad - n, ek.shape[3])] if n_pad > n else []
+    keys = torch.cat([ek, *zeros, k], 2)  # (B, n_kv, n_pad + T, D)
+    values = keys if (ev is ek and v is k) else torch.cat([ev, *zeros, v], 2)
     from torch.nn.attention.flex_attention import flex_attention as flex
 
-    if sinks is not None:
-        raise ConfigError("the flex backend has no attention sink; use the blockwise or reference backend")
-    n, T, t0, g = ek.shape[2], q.shape[2], int(pos[0]), q.shape[1] // k.shape[1]
+    run = _compiled_flex() if q.is_cuda else _flex
+    return run(flex, q, keys, values, mask, holds, n)
 
-    def mask_mod(b, h, q_idx, kv_idx):
-        t = q_idx + t0
-        entry = grid.sees_entry(t, kv_idx)
-        if holds is not None:
-            entry = entry & holds[b, h // g, kv_idx.clamp(max=n - 1)]
-        return torch.where(kv_idx < n, entry, grid.sees_exact(t, kv_idx - n + t0))
 
-    run = flex
-    if q.is_cuda:
-        _compiled_flex = _compiled_flex or torch.compile(flex)
-        run = _compiled_flex
-    # compiled on CUDA: the mask is evaluated block by block instead of as a dense (T, n + T) tensor
-    B, H = (None, None) if holds is None else q.shape[:2]  # a mask per sequence and head only when it differs
-    mask = create_block_mask(mask_mod, B, H, T, n + T, device=q.device, _compile=q.is_cuda)
-    keys = torch.cat([ek, k], 2)  # (B, n_kv, n + T, D)
-    values = keys if (ev is ek and v is k) else torch.cat([ev, v], 2)
-    return run(q, keys, values, block_mask=mask, enable_gqa=True)
+def _flex(flex, q, keys, values, mask, holds: torch.Tensor | None, n: int) -> torch.Tensor:
+    score_mod = None
+    if holds is not None:  # made inside the compiled call: a fresh closure per step is no new guard
+        g = q.shape[1] // holds.shape[1]
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            held = holds[b, h // g, kv_idx.clamp(max=n - 1)]
+            return torch.where((kv_idx >= n) | held, score, float("-inf"))
+
+    return flex(q, keys, values, score_mod=score_mod, block_mask=mask, enable_gqa=True)
+
+
+FLEX_SHAPES = 64  # shapes (lengths, batch, dtype, with holds or not) flex compiles for in one process; past
+# dynamo's default of 8 it would fall back to eager flex, which materialises every score
+
+
+@functools.cache
+def _compiled_flex():
+    """`_flex` compiled with one graph per shape (dynamic=False): every step of a run reuses its shape's graph."""
+    return torch._dynamo.config.patch(recompile_limit=FLEX_SHAPES)(torch.compile(_flex, dynamic=False))
+
+
+@functools.lru_cache(maxsize=16)
+def flex_block_mask(grid: Grid, t0: int, T: int, n: int, device: torch.device, block: int = FLEX_BLOCK):
+    """FlexAttention's block mask of T queries at t0.. over [n entries, padding, T exact tokens], made from the
+    rule per pair of tiles (a tile of queries ta..tb, one of keys): entries ja..jb are seen by some query iff
+    entry ja is by tb, by all iff jb is by ta; exact tokens pa..pb by some iff pa <= tb and pb lies after the
+    oldest token ta sees, by all iff pb <= ta and pa lies after the oldest token tb sees. A partial tile runs
+    `Grid`'s rule per element (the mask_mod); tiles at the ragged ends are partial. O((T / block)^2) small work,
+    where `create_block_mask` evaluates the rule on all T (n + T) pairs (seconds at 64K+)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    n_pad = -(-n // block) * block
+    with torch.inference_mode(False), torch.no_grad():  # plain tensors even if first asked for in inference mode
+        ta = torch.arange(0, T, block, device=device)[:, None] + t0  # (Qb, 1) first and last query of each tile
+        tb = (ta - t0 + block).clamp(max=T) - 1 + t0
+        q_whole = (ta - t0 + block <= T)
+        ja = torch.arange(0, n_pad, block, device=device)[None, :]  # (1, Eb) entry tiles
+        jb = ja + block - 1
+        e_any = (ja < n) & grid.sees_entry(tb, ja)
+        e_all = (jb < n) & grid.sees_entry(ta, jb) & q_whole
+        pa = torch.arange(0, T, block, device=device)[None, :] + t0  # (1, Xb) exact-token tiles
+        pb = (pa - t0 + block).clamp(max=T) - 1 + t0
+        x_any = (pa <= tb) & (pb >= _oldest_exact(grid, ta))
+        x_all = (pb <= ta) & (pa >= _oldest_exact(grid, tb)) & (pb - pa + 1 == block) & q_whole
+        any_, all_ = torch.cat([e_any, x_any], 1), torch.cat([e_all, x_all], 1)  # (Qb, Eb + Xb)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            t = q_idx + t0
+            entry = grid.sees_entry(t, kv_idx) & (kv_idx < n)
+            return torch.where(kv_idx < n_pad, entry, grid.sees_exact(t, kv_idx - n_pad + t0))
+
+        return BlockMask.from_kv_blocks(*_ordered(any_ & ~all_), *_ordered(all_), BLOCK_SIZE=block, mask_mod=mask_mod,
+                                        seq_lengths=(T, n_pad + T))
+
+
+def _oldest_exact(grid: Grid, t: torch.Tensor) -> torch.Tensor:
+    """Position of the oldest exact token the query at t sees (`Grid.sees_exact`'s lower end)."""
+    if grid.local_window is not None:
+        return t - grid.local_window + 1
+    return grid.last_visible_end(t) + 1
+
+
+def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Qb, Kb) bool -> BlockMask's per query tile count of key tiles (1, 1, Qb) and their indices first
+    (1, 1, Qb, Kb), int32."""
+    count = tiles.sum(-1, dtype=torch.int32)
+    order = torch.argsort((~tiles).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return count[None, None], order[None, None]
+
+
+def triton_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, grid: Grid, sinks: torch.Tensor | None = None,
+                     holds: torch.Tensor | None = None) -> torch.Tensor:
+    """The parallel path in fused Triton kernels (`triton_kernel`): every variant, one kernel per direction."""
+    try:
+        from phasekv.attention.triton_kernel import triton_attention as fused
+    except ImportError as e:
+        raise ConfigError(f"the triton backend cannot run here: {e}") from e
+    return fused(q, pos, ek, ev, k, v, grid, sinks, holds)
+
+
+# a compressed layer's parallel path (no ring) per fast backend; same arguments, same result
+PARALLEL = {"blockwise": blockwise_attention, "flex": flex_attention, "triton": triton_attention}
 
 
 def attend_parts(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
