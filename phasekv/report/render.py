@@ -398,7 +398,7 @@ def section_compare(b: Builder) -> None:
     body = html.table(["model", "cache / reference", "/ same KV heads", "compression", "train cost", "decode cost", "mean [95%]",
                        "worst (residue)", "gap [95%]", "fold", "period", "Pareto"], rows, aliases)
     body += (f"<p>{esc(s['task'])}, {esc(s['protocol'])} padding; cache bytes at {s['context']:,} tokens and costs "
-             f"relative to the reference {esc(s['reference'] or 'full attention')} (the model a design replaces; "
+             f"relative to the reference {esc(s.get('reference') or 'full attention')} (the model a design replaces; "
              "beside it, the cache relative to full attention with the model's own KV heads), costs measured in one "
              "process, interleaved.</p>")
     body += "<pre>" + esc("\n".join(verdict_lines(s))) + "</pre>"
