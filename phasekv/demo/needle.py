@@ -12,6 +12,7 @@ evaluations are kept.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,26 +87,28 @@ def plan_for(quick: bool) -> NeedlePlan:
                       per_group=8)
 
 
-def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool = True) -> dict:
-    """Train the plan's chains, evaluate and audit each final model; returns (and writes) OUT/needle.json."""
-    plan, out = plan_for(quick), Path(out)
-    chains = plan.runs(out / "runs")
-    for _, _, chain in chains:
+def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool = True,
+               plan: NeedlePlan | None = None) -> dict:
+    """Train each model's chain, then its needle tests and audit, model by model (finished runs, evaluations and
+    audits are kept); returns (and writes) OUT/needle.json and OUT/needle.md."""
+    plan, out = plan or plan_for(quick), Path(out)
+    rows, audits = [], {}
+    for model, alias, chain in plan.runs(out / "runs"):
         if any(r["after"] == "failed" for r in run_runs(chain, threads=threads, progress=progress)):
             raise SystemExit(1)
-    rows, audits = [], {}
-    for model, alias, chain in chains:
         em = load(chain[-1].out, device="cpu")
         for k in plan.lengths:
             ctx = k * plan.train_len - 1  # prompts of k training lengths: <bos> and the context
-            cfg = needle_config(context=ctx, per_group=plan.per_group, keep_n=quick)
-            s = run_retrieval("needle", em, cfg, out / "eval" / f"needle-{ctx}" / alias,
-                              batch_size=plan.eval_batch, interval="wilson", stride=em.stride or plan.control_stride,
-                              progress=progress)
+            where = out / "eval" / f"needle-{ctx}" / alias
+            s = _kept(where / "summary.json") or run_retrieval(
+                "needle", em, needle_config(context=ctx, per_group=plan.per_group, keep_n=quick), where,
+                batch_size=plan.eval_batch, interval="wilson", stride=em.stride or plan.control_stride,
+                progress=progress)
             rows.append(control_row(model, ctx, s))
-        audits[model] = run_audit(em, out / "audit" / alias, task="needle", context=plan.train_len - 1,
-                                  per_group=plan.audit_per_group, max_gap=plan.max_gap, batch_size=plan.eval_batch,
-                                  progress=progress)
+        where = out / "audit" / alias
+        audits[model] = _kept(where / "audit.json") or run_audit(
+            em, where, task="needle", context=plan.train_len - 1, per_group=plan.audit_per_group,
+            max_gap=plan.max_gap, batch_size=plan.eval_batch, progress=progress)
     result = {"mode": plan.mode, "train_len": plan.train_len, "stages": plan.stages, "controls": rows,
               "audits": {m: {k: a[k] for k in ("verdict", "exit_code", "gap", "gap_ci", "detected_period",
                                                 "period_p_value", "mean", "chance")} for m, a in audits.items()}}
@@ -113,6 +116,11 @@ def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool 
     (out / "needle.md").write_text(table(rows, audits), encoding="utf-8")
     console.print(table(rows, audits))
     return result
+
+
+def _kept(path: Path) -> dict | None:
+    """A finished evaluation's summary or audit's verdict, if there is one."""
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def control_row(model: str, context: int, s: dict) -> dict:
