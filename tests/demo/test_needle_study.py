@@ -33,9 +33,11 @@ def test_quick_needle_study_end_to_end(tmp_path):
     assert {c["context"] for c in result["controls"]} == {127, 255}  # prompts of 1x and 2x the training length
     assert not any(c["beyond_training_length"] for c in result["controls"] if c["context"] == 127)
     assert all(c["beyond_training_length"] for c in result["controls"] if c["context"] == 255)
-    assert {a["exit_code"] for a in result["audits"].values()} <= {0, 3, 4}
+    assert {c["exit_code"] for c in result["controls"]} <= {0, 3, 4}
     for alias in ("w8s8-1kv", "full-1kv"):
-        assert (out / "audit" / alias / "audit.json").is_file()
-        assert (out / "eval" / "needle-127" / alias / "accuracy.png").is_file()
+        assert (out / "needle-127" / alias / "audit.json").is_file()
+        assert (out / "needle-127" / alias / "needle" / "accuracy.png").is_file()
         assert json.loads((out / "runs" / f"{alias}-128" / "config.json").read_text())["train"]["data"]["data"] == "needle"
+    assert {c["stride"] for c in result["controls"]} == {8}  # the full-attention control tested at period 8 too
+    assert (out / "curves.png").is_file() and (out / "needle.png").is_file()
     assert "| W8/S8 · 1 KV | 127 |" in (out / "needle.md").read_text()
