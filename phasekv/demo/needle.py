@@ -63,6 +63,10 @@ class NeedlePlan:
     per_group: int = 256  # needle prompts per residue mod 8 (a multiple of 64: exact moment matching); a stride of 8
     #                       is tested on residues mod 16 with about as many prompts (the audit's rule)
     eval_batch: int = 8  # prompts per forward pass
+    continues: dict = field(default_factory=lambda: {"W8/S4 · 1 KV": ("Full attention · 1 KV", "1024")})
+    #   model -> (another model, a stage): the model's chain starts at that stage from the other model's run of the
+    #   stage before (a design change from full attention, `phasekv train --init-from`): W8/S4 · 1 KV learns the
+    #   1,024-token stage from full attention's 256-token model (its own base and 256 stages: ~25 CPU-min more)
     control_stride: int = 8  # period the full-attention control is tested at (the compressed models' largest)
     max_gap: float = 10.0  # the audit's threshold (its default)
 
@@ -72,14 +76,18 @@ class NeedlePlan:
 
     def runs(self, root: Path) -> list[tuple[str, str, list[SweepRun]]]:
         """(model, its alias, its chain of runs) for every model: run k of a chain starts from run k-1's weights."""
-        chains = []
+        chains, tags = [], list(self.stages)
         for model in self.models:
-            alias, chain = ModelConfig.from_name(model).alias, []
-            for tag, options in self.stages.items():
-                init = {"init_from": str(chain[-1].out)} if chain else {}
+            alias, chain, first = ModelConfig.from_name(model).alias, [], 0
+            if model in self.continues:
+                source, stage = self.continues[model]
+                first = tags.index(stage)
+                init = root / f"{ModelConfig.from_name(source).alias}-{tags[first - 1]}"
+            for tag in tags[first:]:
+                init = chain[-1].out if chain else init if first else None
                 chain.append(SweepRun(f"{model} [{tag}]", f"{alias}-{tag}",
-                                      {"arch": model, "preset": "tiny", **options, **init,
-                                       "out": str(root / f"{alias}-{tag}")}))
+                                      {"arch": model, "preset": "tiny", **self.stages[tag],
+                                       **({"init_from": str(init)} if init else {}), "out": str(root / f"{alias}-{tag}")}))
             chains.append((model, alias, chain))
         return chains
 
@@ -88,7 +96,7 @@ def plan_for(quick: bool) -> NeedlePlan:
     if not quick:
         return NeedlePlan("full")
     return NeedlePlan("quick", models=["W8/S8 · 1 KV", "Full attention · 1 KV"], stages=QUICK, lengths=(1, 2),
-                      per_group=8)
+                      per_group=8, continues={})
 
 
 def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool = True,
