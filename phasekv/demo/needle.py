@@ -63,12 +63,10 @@ class NeedlePlan:
     per_group: int = 256  # needle prompts per residue mod 8 (a multiple of 64: exact moment matching); a stride of 8
     #                       is tested on residues mod 16 with about as many prompts (the audit's rule)
     eval_batch: int = 8  # prompts per forward pass
-    continues: dict = field(default_factory=lambda: {"Full attention · 1 KV": ("W8/S8 · 1 KV", "256"),
-                                                     "W8/S4 · 1 KV": ("Full attention · 1 KV", "1024")})
+    continues: dict = field(default_factory=lambda: {"W8/S4 · 1 KV": ("Full attention · 1 KV", "256")})
     #   model -> (another model, a stage): the model trains the last stage only, from the other model's run of that
-    #   stage (a design change, `phasekv train --init-from`). Full attention stayed on the "any name in the
-    #   context" plateau through its own base and 256 stages (held-out 2.5% at 256 tokens, chance 3.2%): it
-    #   continues W8/S8's 256-token model instead; W8/S4 continues full attention's 1,024-token model
+    #   stage (a design change from full attention, `phasekv train --init-from`): W8/S4 continues full attention's
+    #   256-token model at 1,024 tokens, which saves its own base and 256 stages
     control_stride: int = 8  # period the full-attention control is tested at (the compressed models' largest)
     max_gap: float = 10.0  # the audit's threshold (its default)
 
