@@ -22,9 +22,10 @@ def test_plan_chains_each_model_from_its_previous_stage(tmp_path):
         assert cfgs[0].data.recall.key_words == 2 and cfgs[0].data.recall.n_keys == 0  # the needle's words
         assert cfgs[-1].data.needle.records == 125  # the test's density at 1,024 tokens
         assert chain[0].alias == f"{alias}-base" and cfgs[0].arch == model
-    alias, (w8s4,) = chains["W8/S4 · 1 KV"]  # the last stage only, from full attention's 256 (a design change)
-    assert w8s4.options["init_from"] == str(chains["Full attention · 1 KV"][1][1].out) and w8s4.alias == f"{alias}-1024"
-    assert w8s4.config().arch == "W8/S4 · 1 KV" and w8s4.config().seq_len == 1024 and w8s4.config().data.is_needle
+    alias, chain = chains["W8/S4 · 1 KV"]  # the stages after full attention's base (a design change)
+    assert [r.alias for r in chain] == [f"{alias}-256", f"{alias}-1024"]
+    assert chain[0].options["init_from"] == str(chains["Full attention · 1 KV"][1][0].out)
+    assert chain[1].options["init_from"] == str(chain[0].out) and chain[0].config().arch == "W8/S4 · 1 KV"
 
 
 def test_quick_needle_study_end_to_end(tmp_path):
