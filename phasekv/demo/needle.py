@@ -63,11 +63,11 @@ class NeedlePlan:
     per_group: int = 256  # needle prompts per residue mod 8 (a multiple of 64: exact moment matching); a stride of 8
     #                       is tested on residues mod 16 with about as many prompts (the audit's rule)
     eval_batch: int = 8  # prompts per forward pass
-    continues: dict = field(default_factory=lambda: {"W8/S4 · 1 KV": ("Full attention · 1 KV", "base")})
+    continues: dict = field(default_factory=dict)
     #   model -> (another model, a stage): the model trains the stages after that one, from the other model's run of
-    #   it (a design change from full attention, `phasekv train --init-from`): W8/S4 continues full attention's base,
-    #   which saves its own (continued from full attention's 256-token model, on the plateau there, it stayed at
-    #   chance at 1,024 tokens: 0.4% held-out at step 100)
+    #   it (a design change, `phasekv train --init-from`). None in the plan: a compressed model continuing full
+    #   attention's plateaued models stayed at chance (W8/S4 from its base: 2.7% held-out at 256 tokens after 300
+    #   steps where W8/S8 from its own base had 45%; from its 256-token model: 0.4% at 1,024 tokens after 100)
     control_stride: int = 8  # period the full-attention control is tested at (the compressed models' largest)
     max_gap: float = 10.0  # the audit's threshold (its default)
 
