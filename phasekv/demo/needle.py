@@ -166,6 +166,8 @@ def curves_figure(chains: list[tuple[str, str, list[SweepRun]]]) -> Figure:
         color, offset = PALETTE[i % len(PALETTE)], 0
         for run in chain:
             m = read_jsonl(run.out / "metrics.jsonl")
+            if m is None:  # not trained (yet)
+                continue
             val = m[m["val_accuracy"].notna()] if "val_accuracy" in m else m.iloc[:0]
             train = m[m["loss"].notna()] if "loss" in m else m.iloc[:0]
             label = model if run is chain[0] else None
