@@ -44,9 +44,11 @@ dev: $(VENV)/dev
 demo: setup
 	$(BIN)/phasekv demo --out demo_out $(DEMO_ARGS)
 
-# the whole study: every run of the paper's grid on this CPU (STUDY_ARGS=--quick: the smoke version)
+# the whole study: every run of the paper's grid on this CPU (STUDY_ARGS=--quick: the smoke version), then the
+# long-context regime: the needle test on models trained on its task at 1,024 tokens (docs/results/needle.md)
 study: setup
 	$(BIN)/phasekv study --out study_out $(STUDY_ARGS)
+	$(BIN)/phasekv study --needle --out needle_out $(STUDY_ARGS)
 
 test: dev
 	$(BIN)/lint-imports

@@ -68,6 +68,10 @@ def register(app: typer.Typer) -> None:
                                     "(tiny preset; --preset does not apply), each model's lookup tested at every "
                                     "grid period of the family, the designs' knockouts; the report's section "
                                     "\"The family\"."),
+        needle: bool = typer.Option(False, "--needle", help="The long-context regime instead: full attention, "
+                                    "W8/S8 · 1 KV and W8/S4 · 1 KV trained on the needle test's own task up to "
+                                    "1,024 tokens (tiny preset, one thread), each model's needle test at 1x, 2x and "
+                                    "4x that length and its needle audit; OUT/needle.md (default needle_out)."),
         jobs: int = typer.Option(None, help=JOBS_HELP),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
         rerun: list[str] = typer.Option(None, "--rerun", metavar="MODEL", help=RERUN_HELP),
@@ -88,6 +92,11 @@ def register(app: typer.Typer) -> None:
         (also OUT/report/claims.json). Resumable: re-running skips finished work. `phasekv study status OUT`:
         where each task stands."""
         if ctx.invoked_subcommand:
+            return
+        if needle:  # its own chained plan, run in this process (one thread)
+            from phasekv.demo.needle import run_needle
+
+            run_needle(out or Path("needle_out"), quick=quick, progress=progress)
             return
         from phasekv.demo.plan import family_plan, study_plan
         from phasekv.demo.runner import run_plan

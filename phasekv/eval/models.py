@@ -118,7 +118,8 @@ def family_ratios(cfg) -> list[dict]:
 
 def evaluation_info(path: str | Path) -> dict:
     """What a run's prompts follow, {"recall": its recall layout and words or None, "train_len": its training
-    length or None}: from a phasekv run's config.json ("train") or an export's (EVAL_KEY, `phasekv export`)."""
+    length or None, "needle": its needle layout when it trained on the needle's task}: from a phasekv run's
+    config.json ("train") or an export's (EVAL_KEY, `phasekv export`)."""
     config = config_json(path)
     if isinstance(config.get(EVAL_KEY), dict):
         return {"recall": config[EVAL_KEY].get("recall"), "train_len": config[EVAL_KEY].get("train_len")}
@@ -126,7 +127,8 @@ def evaluation_info(path: str | Path) -> dict:
     data = train.get("data")
     mixed = isinstance(data, dict) and (data.get("data") == "recall" or bool(data.get("recall_mix")))
     recall = data.get("recall") if mixed else None  # recall alone or mixed into text: the words it was trained on
-    return {"recall": recall, "train_len": train.get("seq_len")}
+    needle = data.get("needle") if isinstance(data, dict) and data.get("data") == "needle" else None
+    return {"recall": recall, "train_len": train.get("seq_len"), **({"needle": needle} if needle else {})}
 
 
 def config_json(directory: str | Path) -> dict:

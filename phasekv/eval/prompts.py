@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from phasekv.data.needle import composition, layout, needle_records, record
 from phasekv.data.words import WORD_SOURCES
 from phasekv.errors import ConfigError
 from phasekv.eval.design import PositionDesign, make_design
@@ -185,28 +186,17 @@ class RetrievalPrompts:
             gaps = np.zeros(R + 1, dtype=np.int64)
             gaps[0], gaps[R] = A, G - A
         else:
-            gaps = np.concatenate([_composition(A, i + 1, rng), _composition(G - A, R - i, rng)])
+            gaps = np.concatenate([composition(A, i + 1, rng), composition(G - A, R - i, rng)])
         fill = iter(rng.integers(0, len(self.filler), G).tolist())
         target = int(order[i])
         demo_pool = np.delete(order, i)
         demos = rng.choice(demo_pool, cfg.demos, replace=False) if cfg.demos else []
-        out: list[str] = []
 
-        def record(k: int):
-            out.extend(keys[k])
-            out.append(values[k])
-            if self.sep is not None:
-                out.append(self.sep)
+        def rec(k: int) -> list[str]:
+            return record(keys[k], values[k], self.sep)
 
-        for slot_idx in range(R):
-            out.extend(self.filler[next(fill)] for _ in range(gaps[slot_idx]))
-            record(int(order[slot_idx]))
-        out.extend(self.filler[next(fill)] for _ in range(gaps[R]))
-        if self.marker is not None:
-            out.append(self.marker)
-        for k in demos:
-            record(int(k))
-        out.extend(keys[target])
+        out = layout([rec(int(k)) for k in order], gaps, (self.filler[j] for j in fill),
+                     [*(rec(int(k)) for k in demos), keys[target]], self.marker)
         return out, t, i, values[target]
 
     def prompt(self, pid: int) -> Prompt:
@@ -261,14 +251,6 @@ class RetrievalPrompts:
                 "keys": self.keys, "values": self.values, "filler": self.filler}
 
 
-def _composition(total: int, parts: int, rng: np.random.Generator) -> np.ndarray:
-    """Uniformly random split of `total` into `parts` non-negative integers (stars and bars)."""
-    if parts == 1:
-        return np.array([total], dtype=np.int64)
-    bars = np.sort(rng.choice(total + parts - 1, parts - 1, replace=False))
-    return np.diff(np.concatenate([[-1], bars, [total + parts - 1]])) - 1
-
-
 LOOKUP_LAYOUTS = (  # (records, demos, filler), longest first: the study's lookup; the demo's (90 tokens with
     (64, 8, 48), (16, 4, 48), (16, 2, 40))  # single-token keys); a shorter one (78)
 
@@ -297,14 +279,6 @@ def lookup_config(model_info: dict | None = None, **kw) -> PromptConfig:
     if not {"records", "demos", "filler"} & set(given):
         own.update(lookup_layout(info.get("train_len"), own["key_tokens"]))
     return PromptConfig(**{**own, **given})
-
-
-NEEDLE_DENSITY = 16000 / 131072  # records per context token in the study's needle test (16,000 in 128K)
-
-
-def needle_records(context: int) -> int:
-    """The study's record count scaled to `context` tokens (its density; at least 16): 125 at 1,024."""
-    return max(16, round(context * NEEDLE_DENSITY))
 
 
 def needle_config(context: int = 131072, records: int | None = None, **kw) -> PromptConfig:

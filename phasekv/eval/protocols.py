@@ -83,8 +83,9 @@ def _fit_needle(em: EvalModel, context: int | None = None, records: int | None =
 
 
 def _has_recall_words(em: EvalModel) -> bool:
-    """The lookup needs the words a model was trained on: phasekv models and their exports carry them."""
-    return em.kind == "phasekv" or bool(em.info.get("recall"))
+    """The lookup needs the words a model was trained on: phasekv models and their exports carry them (a model
+    trained on the needle's task is audited with the needle)."""
+    return (em.kind == "phasekv" and not em.info.get("needle")) or bool(em.info.get("recall"))
 
 
 def _retrieval_figure(summary: dict, results: pd.DataFrame) -> Figure:

@@ -92,29 +92,31 @@ def change_design(source: PhaseLM, arch: str, seed: int | None = None) -> tuple[
     """`source` as `arch`: itself when `arch` names its model; full attention as another design on the same
     backbone (KV heads, Q/K norm and RoPE: the source's, or the name's when equal), every shared tensor loaded and the
     design's own parameters initialised as the design says under `seed` (default: the name's, else the source's),
-    with a record of the change; anything else a one-line error naming both models."""
+    or a design as full attention (its own tensors dropped), with a record of the change; anything else a one-line
+    error naming both models."""
     src = source.config
     target = src.full_attention().replace(**parse_name(arch))  # the backbone's attributes the name omits: the source's
     if target == src:
         return source, None
     target = target if seed is None else target.replace(seed=seed)
-    if src.compressed or src.family is not None:
+    designed = [c.compressed or c.family is not None for c in (src, target)]
+    if all(designed):
         raise ConfigError(f"--arch {target.name!r} differs from --init-from's {src.name!r}, and a design change goes "
-                          "from full attention only")
-    bare = target.full_attention()
+                          "from full attention or to it")
+    bare, src_bare = target.full_attention(), src.full_attention()
     differs = next((f.name for f in dataclasses.fields(src) if f.name != "seed" and
-                    getattr(bare, f.name) != getattr(src, f.name)), None)
+                    getattr(bare, f.name) != getattr(src_bare, f.name)), None)
     if differs is not None:
         raise ConfigError(f"--arch {target.name!r} differs from --init-from's {src.name!r} in the backbone: "
                           f"{differs}={getattr(target, differs)!r} against {getattr(src, differs)!r}")
     torch.manual_seed(target.seed)
     model = PhaseLM(target)
-    own, _ = model.load_state_dict(source.state_dict(), strict=False)  # a design has every tensor of full attention
-    for m in model.modules():
+    own, dropped = model.load_state_dict(source.state_dict(), strict=False)  # a design has every tensor of full
+    for m in model.modules():                                                  # attention, and more
         if hasattr(m, "init_copies"):  # Activation Beacon: beacon q/k/v := the layer's q/k/v, loaded just now
             m.init_copies()
     return model, {"from_name": src.name, "design_change": f"{src.name} -> {target.name}",
-                   "loaded": len(source.state_dict()), "own": sorted(own)}
+                   "loaded": len(source.state_dict()) - len(dropped), "own": sorted(own), "dropped": sorted(dropped)}
 
 
 def model_and_tokenizer(cfg: TrainConfig, resuming: bool) -> tuple[RunModel, Tokenizer]:

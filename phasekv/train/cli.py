@@ -29,6 +29,7 @@ TYPES = {"int": int, "float": float, "bool": bool}  # field annotation (less `| 
 NOTES = {  # what the command line adds to a field's comment
     "out": "(required)",
     "recall": "as key=value pairs, e.g. 'min_records=4,max_records=8,min_distance=16'",
+    "needle": "as key=value pairs, e.g. 'min_records=8,queries=8,curriculum=16000' (with --data needle)",
     "backbone": f"as field=value pairs, e.g. 'n_layers=4,d_model=96' (fields: {', '.join(BACKBONE_FIELDS)})",
 }
 SHORT = {"out": ["-o"], "backbone": ["--set"]}  # more flags of an option
@@ -68,8 +69,9 @@ def train_command(resume: bool = False, **options) -> None:
     opts = {k: v for k, v in options.items() if v is not None}
     if "out" not in opts:
         raise ConfigError("--out DIR is required (the run directory)")
-    if "recall" in opts:
-        opts["recall"] = parse_pairs(opts["recall"], "--recall")
+    for layout in ("recall", "needle"):
+        if layout in opts:
+            opts[layout] = parse_pairs(opts[layout], f"--{layout}")
     summary = train(resume=resume, **opts)
     if os.environ.get("RANK", "0") == "0":  # under torchrun: one summary, from rank 0
         _print_summary(summary)

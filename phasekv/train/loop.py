@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from phasekv.data.needle import NeedleStream
 from phasekv.data.recall import RecallStream, recall_accuracy
 from phasekv.data.sources import build_stream
 from phasekv.data.stream import IGNORE, MixtureStream, batch, by_length
@@ -64,7 +65,7 @@ def validate(model: nn.Module, stream, cfg: TrainConfig, device, autocast: bool,
         return out
     model.eval()
     bs = max(cfg.batch_size // cfg.grad_accum, 1)
-    if isinstance(stream, RecallStream):
+    if isinstance(stream, RecallStream | NeedleStream):  # answers by phase
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             r = recall_accuracy(model, stream, n=cfg.val_sequences, batch_size=bs, modulus=24)
         model.train()

@@ -24,7 +24,7 @@ RUNTIME_FIELDS = {"device", "compile", "threads", "logger", "progress", "steps",
 
 def apply_overrides(cfg: TrainConfig, overrides: dict) -> TrainConfig:
     """`cfg` with keyword overrides of its fields; data fields (`data`, `tokenizer`, `recall`, ...) go to its
-    DataConfig, and a `recall` dict overrides single fields of the recall layout."""
+    DataConfig, and a `recall` or `needle` dict overrides single fields of that layout."""
     d = cfg.to_dict()
     data = dict(d["data"])
     for k, v in overrides.items():
@@ -34,8 +34,8 @@ def apply_overrides(cfg: TrainConfig, overrides: dict) -> TrainConfig:
             data.update(v)
         elif k == "data":
             data["data"] = v
-        elif k == "recall" and isinstance(v, dict):
-            data["recall"] = {**data["recall"], **v}
+        elif k in ("recall", "needle") and isinstance(v, dict):
+            data[k] = {**data[k], **v}
         elif k in DataConfig.__dataclass_fields__:
             data[k] = v
         elif k in TrainConfig.__dataclass_fields__:

@@ -174,8 +174,13 @@ def submit_sweep(path: str | Path, cluster: SlurmOptions, only: str | None = Non
 
 def run_sweep(path: str | Path, only: str | None = None, dry_run: bool = False, **runtime) -> list[dict]:
     """Run every unfinished run of a sweep in turn; returns one row per run (name, status, summary/error)."""
+    return run_runs(_select(load_sweep(path), only), dry_run, **runtime)
+
+
+def run_runs(runs: list[SweepRun], dry_run: bool = False, **runtime) -> list[dict]:
+    """Run every unfinished run in turn (finished ones skipped, interrupted ones resumed); one row per run."""
     rows = []
-    for run in _select(load_sweep(path), only):
+    for run in runs:
         status = run.status()
         row = {"name": run.name, "out": str(run.out), "before": status}
         if status == "done" or dry_run:
@@ -249,7 +254,7 @@ def train_args(run: SweepRun) -> list[str]:
     args = ["--arch", run.options["arch"], "--out", str(run.out)]
     data = cfg.pop("data")
     for k, v in data.items():
-        if k in ("recall",) or v == default["data"][k]:
+        if k in ("recall", "needle") or v == default["data"][k]:
             continue
         args += [f"--{k.replace('_', '-')}", str(v)]
     for k, v in cfg.items():

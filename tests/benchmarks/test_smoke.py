@@ -10,12 +10,13 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-@pytest.mark.parametrize("args", [["train_throughput.py", "--reps", "1", "--presets", "tiny"]])
-def test_benchmark_script_runs(args):
+@pytest.mark.parametrize("args, says", [(["train_throughput.py", "--reps", "1", "--presets", "tiny"], "x reference"),
+                                        (["needle_eval.py", "--length", "128", "--per-group", "8"], "CPU-min")])
+def test_benchmark_script_runs(args, says):
     out = subprocess.run([sys.executable, *args, "--threads", "1"], cwd=BENCH, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "x reference" in out.stdout
+    assert says in out.stdout
 
 
 def test_demo_cost_reads_demo_json(tmp_path):

@@ -69,9 +69,19 @@ def test_unreachable_or_mismatched_designs_are_one_line_errors(full, arch, says)
     assert says in str(exc.value) and "\n" not in str(exc.value)
     for other in ("MoBA B16 top 3 · 1 KV", "W8/S8 · 1 KV"):
         source, _ = change_design(full, other)
-        with pytest.raises(ConfigError, match=f"'{other}', and a design change goes from full attention only"):
+        with pytest.raises(ConfigError, match=f"'{other}', and a design change goes from full attention or to it"):
             change_design(source, "Beacon r8 · window 32 · 1 KV")
     assert change_design(full, "full-1kv") == (full, None)  # its own name: no change
+
+
+def test_a_design_continues_as_full_attention(full):
+    """The other way: a compressed model's shared tensors as full attention, its own tensors dropped."""
+    w8s8, _ = change_design(full, "W8/S8 · 1 KV")
+    back, rec = change_design(w8s8, "Full attention · 1 KV")
+    assert not back.config.compressed and back.config == full.config and rec["own"] == []
+    assert rec["dropped"] and all("compressor" in k for k in rec["dropped"])
+    assert rec["loaded"] == len(full.state_dict()) and rec["design_change"] == "W8/S8 · 1 KV -> Full attention · 1 KV"
+    assert all(torch.equal(w, back.state_dict()[k]) for k, w in w8s8.state_dict().items() if k in back.state_dict())
 
 
 def test_cli_continues_full_attention_as_beacon_and_records_it(tmp_path, monkeypatch, capsys):

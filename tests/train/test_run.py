@@ -95,8 +95,8 @@ def test_init_from_continues_other_data(run_dir, tmp_path):
     assert s["name"] == "W8/S8 · 1 KV" and s["steps"] == 2
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["train"]["init_from"] == str(run_dir) and cfg["train"]["data"]["recall"]["max_records"] == 4
-    with pytest.raises(ConfigError, match="differs from --init-from"):
-        train(out=str(tmp_path / "x"), init_from=str(run_dir), arch="full-1kv", **dict(FAST, steps=1))
+    with pytest.raises(ConfigError, match="differs from --init-from"):  # a design to another design
+        train(out=str(tmp_path / "x"), init_from=str(run_dir), arch="w8s4-1kv", **dict(FAST, steps=1))
 
 
 def cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:

@@ -1,0 +1,189 @@
+"""`phasekv study --needle`: the long-context regime, the needle test on models that can pass it.
+
+Each model of the plan is trained as a chain of runs, each continuing the one before (`init_from`): the demo's
+96-token recall over the needle's words (two-animal keys, every animal and name), then the needle's own task
+(`phasekv.data.needle`) at 256 and at 1,024 tokens, its records grown from 1 to the test's density. Then, per
+model, `phasekv audit --task needle` at 1x, 2x and 4x the training length (N prompts per residue, Wilson intervals,
+the period test at the model's stride, 8 for full attention: residues mod 8, or mod 16 for a stride of 8, as
+`phasekv.eval.ratios` plans them). Writes OUT/runs/, OUT/needle-<context>/<alias>/ (audit.json, audit.png and the
+evaluations), OUT/needle.json (every row), OUT/needle.md (the controls' table), OUT/curves.png (the training
+curves) and OUT/needle.png (accuracy by residue at the training length). Resumable: finished runs and audits are
+kept.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+
+from phasekv.config import ModelConfig
+from phasekv.eval.figure import PALETTE, Figure, Guide, Panel, Trace, to_png
+from phasekv.eval.models import load
+from phasekv.eval.report import profile_rows, residue_figure
+from phasekv.eval.run import json_default
+from phasekv.io import write_json
+from phasekv.mitigate.audit import run_audit
+from phasekv.mitigate.repair import Goals
+from phasekv.report.load import read_jsonl
+from phasekv.train.sweep import SweepRun, run_runs
+
+console = Console(stderr=True)
+
+BASE = {"data": "recall", "seq_len": 96, "steps": 1000, "batch_size": 64, "grad_accum": 4, "trim": True,
+        "lr": 3e-3, "warmup": 100,
+        "recall": {"min_records": 2, "max_records": 16, "n_keys": 0, "n_values": 0, "key_words": 2, "max_prefix": 24,
+                   "min_distance": 16, "gap_prob": 1.0, "max_gap": 4, "curriculum": 25600}}
+# the demo's recipe (records spaced out, grown from 1 over 400 steps) over the needle's words: every animal and
+# name, two-animal keys (a first probe trained W8/S8 from scratch on recall at 1,024 tokens: it stayed at chance)
+STAGES = {
+    "base": BASE,
+    "256": {"data": "needle", "seq_len": 256, "steps": 600, "batch_size": 32, "lr": 2e-3, "warmup": 50,
+            "val_every": 100, "val_sequences": 128, "needle": {"queries": 8, "curriculum": 12800}},
+    "1024": {"data": "needle", "seq_len": 1024, "steps": 600, "batch_size": 16, "lr": 1e-3, "warmup": 50,
+             "val_every": 100, "val_sequences": 64, "needle": {"queries": 8, "curriculum": 1600}},
+}  # each stage continues the one before; records grow from 1 over the first 400 (256) and 100 (1,024) steps
+QUICK = {  # the same path at tiny budgets: the plumbing, not the effect
+    "base": {**BASE, "steps": 4, "batch_size": 8, "grad_accum": 1, "warmup": 2, "val_sequences": 8,
+             "gate_steps": "none", "recall": {**BASE["recall"], "curriculum": 16}},
+    "128": {"data": "needle", "seq_len": 128, "steps": 3, "batch_size": 4, "lr": 2e-3, "warmup": 1,
+            "val_sequences": 8, "gate_steps": "none", "needle": {"queries": 2, "curriculum": 8}},
+}
+
+
+@dataclass
+class NeedlePlan:
+    mode: str  # "full" | "quick"
+    models: list[str] = field(default_factory=lambda: ["W8/S8 · 1 KV", "Full attention · 1 KV", "W8/S4 · 1 KV"])
+    stages: dict = field(default_factory=lambda: STAGES)  # tag -> `phasekv train` options, in training order
+    lengths: tuple[int, ...] = (1, 2, 4)  # needle contexts, multiples of the last stage's training length
+    per_group: int = 256  # needle prompts per residue mod 8 (a multiple of 64: exact moment matching); a stride of 8
+    #                       is tested on residues mod 16 with about as many prompts (the audit's rule)
+    eval_batch: int = 8  # prompts per forward pass
+    continues: dict = field(default_factory=dict)
+    #   model -> (another model, a stage): the model trains the stages after that one, from the other model's run of
+    #   it (a design change, `phasekv train --init-from`). None in the plan: a compressed model continuing full
+    #   attention's plateaued models stayed at chance (W8/S4 from its base: 2.7% held-out at 256 tokens after 300
+    #   steps where W8/S8 from its own base had 45%; from its 256-token model: 0.4% at 1,024 tokens after 100)
+    control_stride: int = 8  # period the full-attention control is tested at (the compressed models' largest)
+    max_gap: float = 10.0  # the audit's threshold (its default)
+
+    @property
+    def train_len(self) -> int:
+        return list(self.stages.values())[-1]["seq_len"]
+
+    def runs(self, root: Path) -> list[tuple[str, str, list[SweepRun]]]:
+        """(model, its alias, its chain of runs) for every model: run k of a chain starts from run k-1's weights."""
+        chains, tags = [], list(self.stages)
+        for model in self.models:
+            alias, chain, init = ModelConfig.from_name(model).alias, [], None
+            if model in self.continues:
+                source, stage = self.continues[model]
+                tags, init = tags[tags.index(stage) + 1:], root / f"{ModelConfig.from_name(source).alias}-{stage}"
+            for tag in tags:
+                init = chain[-1].out if chain else init
+                chain.append(SweepRun(f"{model} [{tag}]", f"{alias}-{tag}",
+                                      {"arch": model, "preset": "tiny", **self.stages[tag],
+                                       **({"init_from": str(init)} if init else {}), "out": str(root / f"{alias}-{tag}")}))
+            chains.append((model, alias, chain))
+            tags = list(self.stages)
+        return chains
+
+
+def plan_for(quick: bool) -> NeedlePlan:
+    if not quick:
+        return NeedlePlan("full")
+    return NeedlePlan("quick", models=["W8/S8 · 1 KV", "Full attention · 1 KV"], stages=QUICK, lengths=(1, 2),
+                      per_group=8, continues={})
+
+
+def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool = True,
+               plan: NeedlePlan | None = None) -> dict:
+    """Train each model's chain, then audit its needle at each length, model by model (finished runs and audits
+    are kept); returns (and writes) OUT/needle.json, OUT/needle.md and the figures."""
+    plan, out = plan or plan_for(quick), Path(out)
+    rows, profiles, chains = [], [], plan.runs(out / "runs")
+    for model, alias, chain in chains:
+        if any(r["after"] == "failed" for r in run_runs(chain, threads=threads, progress=progress)):
+            raise SystemExit(1)
+        em = load(chain[-1].out, device="cpu")
+        for k in plan.lengths:
+            ctx = k * plan.train_len - 1  # prompts of k training lengths: <bos> and the context
+            where = out / f"needle-{ctx}" / alias
+            v = _kept(where / "audit.json") or run_audit(
+                em, where, stride=None if em.stride else plan.control_stride, max_gap=plan.max_gap, task="needle",
+                per_group=plan.per_group, context=ctx, batch_size=plan.eval_batch, progress=progress)
+            rows.append(control_row(model, ctx, v))
+            if k == 1:
+                s = json.loads((Path(v["evaluation"]) / "summary.json").read_text())
+                profiles.append(profile_rows(alias, model, s, em.stride or plan.control_stride))
+    result = {"mode": plan.mode, "train_len": plan.train_len, "stages": plan.stages, "controls": rows}
+    write_json(out / "needle.json", result, default=json_default)
+    (out / "needle.md").write_text(table(rows), encoding="utf-8")
+    to_png(curves_figure(chains), out / "curves.png")
+    to_png(residue_figure(pd.concat(profiles), "in-sequence", {}), out / "needle.png")
+    console.print(table(rows))
+    return result
+
+
+def control_row(model: str, context: int, v: dict) -> dict:
+    """One line of the controls' table from a needle audit's verdict (`phasekv.mitigate.audit.verdict`)."""
+    keep = ("mean", "mean_ci", "worst", "best", "gap", "gap_ci", "detected_period", "period_p_value", "stride",
+            "modulus", "n_prompts", "chance", "verdict", "exit_code", "evaluation")
+    return {"model": model, "context": context, **{k: v[k] for k in keep}, "flat": flat(v),
+            "beyond_training_length": bool(v.get("beyond_training_length"))}
+
+
+def flat(v: dict) -> bool:
+    """Flat by the repair's rule (`phasekv.mitigate.repair.Goals`): the periodicity test at the stride does not
+    reject (p > min_p) and the detected period is 1."""
+    p = v["period_p_value"]
+    return p is not None and p > Goals.min_p and v["detected_period"] == 1
+
+
+def table(rows: list[dict]) -> str:
+    """The controls' table (markdown): each model's needle audit at each length."""
+    lines = ["| model | context | prompts (mod M) | mean [95%] | worst | best | gap [95%] | period | p at S | flat | "
+             "audit (exit) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p = "" if r["period_p_value"] is None else f"{r['period_p_value']:.4f} (S={r['stride']})"
+        lines.append(f"| {r['model']} | {r['context']:,}{' (beyond training)' if r['beyond_training_length'] else ''} "
+                     f"| {r['n_prompts']:,} (mod {r['modulus']}) | {r['mean']:.1f} [{r['mean_ci'][0]:.1f}, "
+                     f"{r['mean_ci'][1]:.1f}] | {r['worst']:.1f} | {r['best']:.1f} | {r['gap']:.1f} [{r['gap_ci'][0]:.1f}, "
+                     f"{r['gap_ci'][1]:.1f}] | {r['detected_period']} | {p} | {'yes' if r['flat'] else 'no'} | "
+                     f"{r['verdict']} ({r['exit_code']}) |")
+    return "\n".join(lines) + "\n"
+
+
+def curves_figure(chains: list[tuple[str, str, list[SweepRun]]]) -> Figure:
+    """Training curves of every chain: held-out accuracy and training loss against the chain's steps, a dashed line
+    where a stage (a longer sequence) begins."""
+    acc, loss, guides = [], [], []
+    for i, (model, alias, chain) in enumerate(chains):
+        color, offset = PALETTE[i % len(PALETTE)], 0
+        for run in chain:
+            m = read_jsonl(run.out / "metrics.jsonl")
+            if m is None:  # not trained (yet)
+                continue
+            val = m[m["val_accuracy"].notna()] if "val_accuracy" in m else m.iloc[:0]
+            train = m[m["loss"].notna()] if "loss" in m else m.iloc[:0]
+            label = model if run is chain[0] else None
+            acc.append(Trace("line", (val["step"] + offset).tolist(), (100 * val["val_accuracy"]).tolist(), name=label,
+                             color=color, marker="circle", size=3, model=alias))
+            loss.append(Trace("line", (train["step"] + offset).tolist(), train["loss"].tolist(), color=color,
+                              width=0.8, model=alias))
+            offset += run.config().total_steps
+            if i == 0 and run is not chain[-1]:
+                guides.append(Guide(x=offset, name=None))
+    return Figure([Panel(acc, title="held-out accuracy (96-token recall, then the needle's task at 256, 1,024)",
+                         xlabel="step (the chain's stages one after another)", ylabel="accuracy (%)", ylim=(0, 100),
+                         guides=guides, legend=True),
+                   Panel(loss, title="training loss", xlabel="step", ylabel="loss", guides=guides)], size=(11, 3.6))
+
+
+def _kept(path: Path) -> dict | None:
+    """A finished evaluation's summary or audit's verdict, if there is one."""
+    return json.loads(path.read_text()) if path.is_file() else None
