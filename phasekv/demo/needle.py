@@ -25,9 +25,9 @@ from phasekv.eval.figure import PALETTE, Figure, Guide, Panel, Trace, to_png
 from phasekv.eval.models import load
 from phasekv.eval.report import profile_rows, residue_figure
 from phasekv.eval.run import json_default
+from phasekv.eval.stats import FLAT, FLAT_MARGIN
 from phasekv.io import write_json
 from phasekv.mitigate.audit import run_audit
-from phasekv.mitigate.repair import Goals
 from phasekv.report.load import read_jsonl
 from phasekv.train.sweep import SweepRun, run_runs
 
@@ -69,7 +69,7 @@ class NeedlePlan:
     #   attention's plateaued models stayed at chance (W8/S4 from its base: 2.7% held-out at 256 tokens after 300
     #   steps where W8/S8 from its own base had 45%; from its 256-token model: 0.4% at 1,024 tokens after 100)
     control_stride: int = 8  # period the full-attention control is tested at (the compressed models' largest)
-    max_gap: float = 10.0  # the audit's threshold (its default)
+    margin: float = FLAT_MARGIN  # the audit's flat margin δ (the flat rule's default)
 
     @property
     def train_len(self) -> int:
@@ -114,7 +114,7 @@ def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool 
             ctx = k * plan.train_len - 1  # prompts of k training lengths: <bos> and the context
             where = out / f"needle-{ctx}" / alias
             v = _kept(where / "audit.json") or run_audit(
-                em, where, stride=None if em.stride else plan.control_stride, max_gap=plan.max_gap, task="needle",
+                em, where, stride=None if em.stride else plan.control_stride, margin=plan.margin, task="needle",
                 per_group=plan.per_group, context=ctx, batch_size=plan.eval_batch, progress=progress)
             rows.append(control_row(model, ctx, v))
             if k == 1:
@@ -133,15 +133,8 @@ def control_row(model: str, context: int, v: dict) -> dict:
     """One line of the controls' table from a needle audit's verdict (`phasekv.mitigate.audit.verdict`)."""
     keep = ("mean", "mean_ci", "worst", "best", "gap", "gap_ci", "detected_period", "period_p_value", "stride",
             "modulus", "n_prompts", "chance", "verdict", "exit_code", "evaluation")
-    return {"model": model, "context": context, **{k: v[k] for k in keep}, "flat": flat(v),
+    return {"model": model, "context": context, **{k: v[k] for k in keep}, "flat": v["flat"] == FLAT,
             "beyond_training_length": bool(v.get("beyond_training_length"))}
-
-
-def flat(v: dict) -> bool:
-    """Flat by the repair's rule (`phasekv.mitigate.repair.Goals`): the periodicity test at the stride does not
-    reject (p > min_p) and the detected period is 1."""
-    p = v["period_p_value"]
-    return p is not None and p > Goals.min_p and v["detected_period"] == 1
 
 
 def table(rows: list[dict]) -> str:
