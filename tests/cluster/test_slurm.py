@@ -172,7 +172,7 @@ def test_bad_input_is_one_line_and_submits_nothing(slurm, tmp_path):
     finally:
         os.environ["SLURM_CONF"] = str(slurm / "slurm.conf")
     assert code == 2 and "SLURM is not reachable" in err and err.count("\n") == 1, err
-    assert not (tmp_path / "d").exists() and _jobs() == before
+    assert not (tmp_path / "d").exists() and set(_jobs()) <= set(before)  # no new job (old ones age out of squeue)
 
 
 def _jobs() -> list[str]:
