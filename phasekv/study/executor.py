@@ -28,7 +28,6 @@ class Executor(ABC):
     it only once they have succeeded (SLURM's dependencies); `waits`: the driver stays until the graph is done (a
     local pool must; a scheduler's driver may leave once everything is submitted)."""
 
-    name = "executor"
     slots: int | None = None
     chains = False
     waits = True

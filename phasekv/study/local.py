@@ -12,8 +12,6 @@ from phasekv.study.executor import Executor, timed
 class LocalExecutor(Executor):
     """`jobs` worker processes; a task is submitted once its inputs exist."""
 
-    name = "local"
-
     def __init__(self, jobs: int):
         self.slots = jobs
         self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))

@@ -14,6 +14,7 @@ world size and master address from SLURM's environment (submitit's `TorchDistrib
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -115,8 +116,6 @@ class JobBook:
         self.path = root / "jobs.json"
 
     def read(self) -> dict:
-        import json
-
         return json.loads(self.path.read_text()) if self.path.is_file() else {}
 
     def record(self, task: str, job_id: str, folder: Path) -> None:
@@ -185,7 +184,6 @@ class SlurmHandle:
 class SlurmExecutor(Executor):
     """Each task a SLURM job in OUT/slurm/<task>/ (its sbatch script, logs, pickles), named '<label>-<task>'."""
 
-    name = "slurm"
     chains = True
 
     def __init__(self, root: Path, options: SlurmOptions, label: str = "study"):

@@ -167,9 +167,13 @@ def submit_sweep(path: str | Path, cluster: SlurmOptions, only: str | None = Non
     root = runs[0].out.parent
     slurm.check(cluster, root, runs[0].config().device.replace("auto", "cuda" if cluster.gpus_per_node else "cpu"))
     root.mkdir(parents=True, exist_ok=True)
+    tasks = sweep_tasks(runs, **runtime)
     with Lock(root), slurm.SlurmExecutor(root, cluster, "sweep") as ex:
-        return run_tasks(sweep_tasks(runs, **runtime), 1, runtime.get("progress", True), lambda *a: None, "sweep",
-                         executor=ex)
+        failed = run_tasks(tasks, 1, runtime.get("progress", True), lambda *a: None, "sweep", executor=ex)
+    jobs = ex.book.read()
+    for t in (t for t in tasks if not cluster.wait and t.name in jobs and not t.is_done()):
+        console.print(f"queued {t.name}: job {jobs[t.name]['job_id']} (logs in {jobs[t.name]['folder']})")
+    return failed
 
 
 def run_sweep(path: str | Path, only: str | None = None, dry_run: bool = False, **runtime) -> list[dict]:

@@ -20,6 +20,9 @@ stop() {  # a daemon by its pid file, then wait for it to go
 }
 
 if [ "$cmd" = down ]; then
+  if [ -f "$dir/slurmctld.pid" ]; then  # its jobs first: their processes would outlive slurmd
+    SLURM_CONF=$dir/slurm.conf squeue -h -o %i 2>/dev/null | xargs -r env SLURM_CONF="$dir/slurm.conf" scancel || true
+  fi
   stop "$dir/slurmd.pid"; stop "$dir/slurmctld.pid"; stop "$dir/munged.pid"
   exit 0
 fi
