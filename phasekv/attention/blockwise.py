@@ -16,6 +16,7 @@ shape from the same rule; compiled on CUDA, eager elsewhere, where it is for tes
 from __future__ import annotations
 
 import functools
+import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -27,6 +28,7 @@ from phasekv.errors import ConfigError
 
 BACKENDS = ("blockwise", "flex", "triton", "reference")
 _backend: str | None = None  # selected by `use_backend`; None: the default (`backend`)
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def block_size(device: torch.device, length: int) -> int:
@@ -39,9 +41,10 @@ def block_size(device: torch.device, length: int) -> int:
 
 
 def backend(x: torch.Tensor | None = None) -> str:
-    """The selected backend, or by default the one for queries x: blockwise on every device; on CUDA until a GPU
-    measurement shows another faster (then this one rule, e.g. `"triton" if x is not None and x.is_cuda`)."""
-    return _backend or "blockwise"
+    """The selected backend, or by default the one for queries x: the fused triton kernels on CUDA (fastest of the
+    three at every length the H200 run measured, the whole layer fwd+bwd 4K-64K and fwd 128K:
+    docs/results/performance.md) where Triton is installed (CUDA builds of torch bring it), blockwise elsewhere."""
+    return _backend or ("triton" if x is not None and x.is_cuda and _HAS_TRITON else "blockwise")
 
 
 @contextmanager
