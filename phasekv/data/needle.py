@@ -26,7 +26,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from phasekv.data.recall import word_ids
-from phasekv.data.stream import IGNORE, Example, rng_for
+from phasekv.data.stream import IGNORE, Example, known_options, rng_for
 from phasekv.data.tokenizer import build_word_tokenizer, special_ids
 from phasekv.data.words import load_words
 from phasekv.errors import ConfigError, DataError
@@ -110,10 +110,7 @@ class NeedleConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> NeedleConfig:
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ConfigError(f"unknown needle option(s): {', '.join(sorted(unknown))}")
-        return cls(**d)
+        return known_options(cls, d, "needle")
 
     def to_dict(self) -> dict:
         return asdict(self)

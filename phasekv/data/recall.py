@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from phasekv.data.stream import IGNORE, Example, batch, rng_for
+from phasekv.data.stream import IGNORE, Example, batch, known_options, rng_for
 from phasekv.data.tokenizer import build_word_tokenizer, special_ids
 from phasekv.data.words import WORD_SOURCES, choose_words, load_words
 from phasekv.errors import ConfigError, DataError
@@ -98,10 +98,7 @@ class RecallConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> RecallConfig:
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ConfigError(f"unknown recall option(s): {', '.join(sorted(unknown))}")
-        return cls(**d)
+        return known_options(cls, d, "recall")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -19,6 +19,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from phasekv.errors import ConfigError
+
 IGNORE = -100
 SPLIT_SALT = {"train": 0, "val": 1, "probe": 2}
 
@@ -100,3 +102,11 @@ class MixtureStream:
         if ex.answer_pos is None:  # keep batches collatable when text and recall mix
             ex.answer_pos = np.full_like(ex.ids, -1)
         return ex
+
+
+def known_options(cls, d: dict, kind: str):
+    """A data config dataclass `cls` from a dict, refusing keys it does not declare in one line."""
+    unknown = set(d) - set(cls.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"unknown {kind} option(s): {', '.join(sorted(unknown))}")
+    return cls(**d)
