@@ -10,7 +10,6 @@ by its process id (and its process group: vLLM's engine core runs in a child pro
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -28,6 +27,7 @@ from phasekv.eval.export import export
 from phasekv.eval.models import load
 from phasekv.eval.prompts import lookup_config
 from phasekv.eval.run import run_retrieval
+from tests.net import free_port
 
 pytestmark = pytest.mark.engine
 
@@ -51,12 +51,6 @@ def run_dir() -> Path:
     return run
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def vllm_server(model_dir: Path, log: Path, name: str = "full"):
     """`python -m vllm.entrypoints.launchers.api_server.entry` (vLLM's server; the `vllm` command of the
@@ -64,7 +58,7 @@ def vllm_server(model_dir: Path, log: Path, name: str = "full"):
     python = VENV / "bin" / "python"
     if not python.is_file():
         pytest.fail(f"{python} missing: build the engine environment with `make engine-venv`")
-    port = _free_port()
+    port = free_port()
     cmd = [str(python), "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(model_dir),
            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
            "--max-model-len", "512"]

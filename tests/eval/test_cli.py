@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from phasekv import ModelConfig, PhaseLM
 from phasekv.data.tokenizer import build_word_tokenizer, save_tokenizer
 from phasekv.eval.cli import app
+from tests.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["--records", "12", "--demos", "2", "--modulus", "4", "--per-group", "16", "--filler", "8",
@@ -81,7 +82,7 @@ def test_two_rank_gloo_equals_one_rank(model_dir, tmp_path):
     import torch.multiprocessing as mp
 
     _rank_worker(0, 1, 0, model_dir, tmp_path / "one")
-    mp.spawn(_rank_worker, args=(2, 29541, model_dir, tmp_path / "two"), nprocs=2, join=True)
+    mp.spawn(_rank_worker, args=(2, free_port(), model_dir, tmp_path / "two"), nprocs=2, join=True)
     a, b = (pd.read_parquet(tmp_path / d / "results.parquet") for d in ("one", "two"))
     pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-5)
     sa, sb = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("one", "two"))

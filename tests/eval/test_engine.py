@@ -2,7 +2,6 @@
 `phasekv export`'s evaluation metadata. The real vLLM test is tests/engine (make test-engine)."""
 
 import json
-import socket
 
 import pytest
 from typer.testing import CliRunner
@@ -19,6 +18,7 @@ from phasekv.eval.run import run_retrieval
 from phasekv.eval.tokens import word_list
 from phasekv.model.hf import EVAL_KEY
 from phasekv.train import train
+from tests.net import free_port
 from tests.train.helpers import FAST, phasekv
 
 from .fake_engine import FakeEngine
@@ -112,9 +112,7 @@ def test_retries_a_busy_server(server):
 
 
 def test_closed_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with pytest.raises(EngineError, match=f"cannot reach the server at http://127.0.0.1:{port}"):
         connect(f"http://127.0.0.1:{port}/v1", "tiny", **FASTER)
 
