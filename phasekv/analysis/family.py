@@ -46,7 +46,7 @@ from phasekv.eval.design import exact_unit
 from phasekv.eval.prompts import PADDINGS, Prompt, PromptConfig, RetrievalPrompts
 from phasekv.eval.ratios import MIN_PER_GROUP, PeriodPlan, plan_period, ratio_tests
 from phasekv.eval.run import COLUMNS, run_retrieval, score
-from phasekv.eval.stats import summarize
+from phasekv.eval.stats import retrieves, summarize
 from phasekv.progress import progress_bar
 
 ALPHA = 0.01  # level of a period test that calls a weak spot periodic (the audit's)
@@ -202,7 +202,7 @@ def condition_summaries(rows: pd.DataFrame, modulus: int, plans: list[GridPlan],
                       n_boot=n_boot, n_perm=2000).to_dict()
         out.append({"condition": name, **{k: s[k] for k in ("mean", "mean_ci", "worst", "best", "gap", "gap_ci",
                                                              "detected_period")},
-                    "retrieves": bool(s["mean_ci"][0] > 2 * chance), "n": int(len(r)),
+                    "retrieves": retrieves(s["mean_ci"], chance), "n": int(len(r)),
                     "groups": [g["acc"] for g in s["groups"]], "grids": grid_tests(s, tested)})
     return out
 

@@ -241,6 +241,18 @@ def flat_rule(margin: float = FLAT_MARGIN) -> str:
     return f"flat: the gap's 95% upper bound below the margin δ = {margin:g} points{why}"
 
 
+def retrieves(mean_ci, chance: float | None, margin: float | None = None) -> bool:
+    """Whether a model retrieves well enough for its profile to be read: the mean's 95% lower bound above twice
+    chance (the percentage a guess among the value words gets), and, where a flat verdict at margin δ is to rest
+    on it, above chance + δ: a phase lost to chance then leaves a gap of at least the mean's excess over chance,
+    over δ, so a gap below δ means no phase was lost. Below that a small gap says nothing (a model at 2.3% with
+    chance 0.8% has no room for a gap of δ = 3.5). No chance level (unknown vocabulary): it cannot be told."""
+    if chance is None:
+        return False
+    floor = 2 * chance if margin is None else max(2 * chance, chance + margin)
+    return bool(mean_ci[0] > floor)
+
+
 def phase_profile(acc, stride: int) -> np.ndarray:
     """A residue profile acc (M,) folded mod `stride` (which divides M): the mean accuracy of each phase, (S,)."""
     acc = np.asarray(acc, dtype=float)

@@ -7,7 +7,7 @@ residues and phases, and a figure. Every compression ratio of the model is teste
 CSA and HCA ratios, `phasekv.eval.ratios`), each named with its layer types.
 
 Exit codes (audit.json's "verdict"): 0 pass (the model retrieves, its mean accuracy's 95% interval above
-twice chance, and every profile is flat by equivalence: its gap's 95% upper bound below --margin, delta,
+twice chance and above chance + delta, and every profile is flat by equivalence: its gap's 95% upper bound below --margin, delta,
 `phasekv.eval.stats.flatness`), 3 fail (it retrieves and a gap is not shown below the margin: above it, or an
 interval too wide to tell, which more prompts can resolve), 4 inconclusive (it does not retrieve well enough for
 the gap to mean anything). The periodicity test is reported, never a veto below the margin. A ratio whose position design
@@ -30,7 +30,7 @@ from phasekv.eval.protocols import for_model, protocol, retrieval_protocols
 from phasekv.eval.ratios import RatioPlan, plan_ratios, ratio_tests
 from phasekv.eval.report import chance, length_warning
 from phasekv.eval.run import json_default, run_retrieval
-from phasekv.eval.stats import FLAT, FLAT_MARGIN, NOT_FLAT, flat_rule, flatness, phase_profile
+from phasekv.eval.stats import FLAT, FLAT_MARGIN, NOT_FLAT, flat_rule, flatness, phase_profile, retrieves
 from phasekv.io import write_json
 
 ALPHA = 0.01  # level of the period-S test in the verdict
@@ -136,12 +136,12 @@ def _write_audit(runs: list[tuple[RatioPlan, dict, Path]], margin: float, untest
 def audit_verdict(runs: list[tuple[RatioPlan, dict, Path]], margin: float, untested: list[RatioPlan] = ()) -> dict:
     """The verdict of an audit's evaluations (plan, summary, directory), the first one the headline: its
     gap, period and weakest residues (`verdict`), every ratio's test, the ratios the prompts cannot test
-    (`untested`, with why; the verdict rests on the others), whether the model retrieves (the mean's 95% interval
-    above twice chance), and the verdict word and exit code."""
+    (`untested`, with why; the verdict rests on the others), whether the model retrieves (`stats.retrieves`: the
+    mean's 95% interval above twice chance and above chance + the margin), and the verdict word and exit code."""
     (plan, summary, _), gaps = runs[0], [s["gap"] for _, s, _ in runs]
     v = verdict(summary, min(plan.ratios, default=None), margin)
     v["chance"] = chance(summary)  # guessing among the value words
-    v["retrieves"] = v["chance"] is not None and v["mean_ci"][0] > 2 * v["chance"]
+    v["retrieves"] = retrieves(v["mean_ci"], v["chance"], margin)
     v["near_chance"] = not v["retrieves"]
     v["ratios"] = [{**t, "evaluation": str(d), "gap": s["gap"], "gap_ci": s["gap_ci"], "per_group": p.per_group,
                     "n_rule": p.note, "design_notice": s.get("design_notice")}
@@ -206,8 +206,9 @@ def print_verdict(v: dict, console) -> None:
                       "(more target positions: raise --records or --filler)")
     if v["near_chance"]:
         chance = "unknown" if v["chance"] is None else f"{v['chance']:.1f}% (one of the value words at random)"
-        console.print(f"[yellow]inconclusive:[/] mean accuracy is near chance ({chance}): the model does not "
-                      "retrieve well enough for the gap to say anything about phase robustness")
+        console.print(f"[yellow]inconclusive:[/] mean accuracy is too near chance ({chance}; its interval must lie "
+                      f"above twice chance and above chance + δ = {v['margin']:g} points): the model does not retrieve "
+                      "well enough for the gap to say anything about phase robustness")
     weak = ", ".join(f"{w['residue']} ({w['acc']:.1f} [{w['lo']:.1f}, {w['hi']:.1f}])" for w in v["weakest_residues"])
     console.print(f"weakest residues mod {v['modulus']}: {weak}")
     if "weakest_phases" in v:

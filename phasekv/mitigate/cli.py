@@ -82,7 +82,7 @@ def audit_command(
 ) -> None:
     """Phase audit in one command: retrieval by residue for every compression ratio, periodicity, verdict,
     figure, so it can gate a model release in CI. Exit codes (audit.json "verdict"): 0 pass: the model retrieves
-    (mean accuracy's 95% interval above twice chance) and every profile is flat by equivalence (the gap's 95%
+    (mean accuracy's 95% interval above twice chance and above chance + the margin) and every profile is flat by equivalence (the gap's 95%
     upper bound below --margin); 3 fail: a gap is not shown below the margin (above it, or an interval too wide
     to tell: more prompts can); 4 inconclusive: the model does not retrieve well enough for the gap to mean
     anything. The periodicity test is reported, never a veto below the margin.

@@ -12,7 +12,7 @@ import pandas as pd
 
 from phasekv import config
 from phasekv.eval.protocols import LOOKUP
-from phasekv.eval.stats import FLAT, FLAT_MARGIN, flatness
+from phasekv.eval.stats import FLAT, FLAT_MARGIN, flatness, retrieves
 from phasekv.report.load import Study, retrieval_evals
 from phasekv.report.published import CYCLING_R2
 from phasekv.report.tables import r2_grid
@@ -43,7 +43,7 @@ def learned(s: dict) -> bool:
     the record count there is no chance level to compare with, and the run counts as learned."""
     if not s.get("records"):
         return True
-    return (s.get("mean_ci") or [s["mean"]])[0] > 2 * 100.0 / s["records"]
+    return retrieves(s.get("mean_ci") or [s["mean"]], 100.0 / s["records"])
 
 
 def entries_per_record(s: dict, stride: int) -> tuple[float, str] | None:

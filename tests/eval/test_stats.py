@@ -10,6 +10,7 @@ from phasekv.eval.stats import (
     fold_consistency,
     periodic_power,
     periodicity_test,
+    retrieves,
     summarize,
     wilson,
 )
@@ -114,3 +115,11 @@ def test_too_few_mappings_bootstraps_prompts():
     assert one.bootstrap_unit == "prompt" and one.gap_ci[1] > one.gap_ci[0]
     many = summarize(residue, np.arange(residue.size) % 16, correct, modulus=8, stride=4)
     assert many.bootstrap_unit == "mapping"
+
+
+def test_retrieves_needs_room_for_a_gap_of_the_margin():
+    # W8/S4 at 4x its training length: 2.3% [1.8, 2.9] with chance 0.8%: above twice chance, but a phase lost to
+    # chance would move its gap by ~2 points, below delta = 3.5, so a flat verdict cannot rest on it
+    assert retrieves([1.8, 2.9], 0.8) and not retrieves([1.8, 2.9], 0.8, margin=3.5)
+    assert retrieves([57.0, 60.5], 0.8, margin=3.5) and not retrieves([4.0, 6.0], 0.8, margin=3.5)
+    assert not retrieves([99.0, 100.0], None) and not retrieves([1.5, 3.0], 0.8)  # unknown chance; at twice chance

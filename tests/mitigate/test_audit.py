@@ -23,7 +23,9 @@ def tok():
     return WordTokenizer(build_word_tokenizer(), "word")
 
 
-@pytest.mark.parametrize("margin,code", [(50.0, 3), (100.5, 0)])
+# a margin above the model's accuracy over chance (75% at chance ~8%) leaves no room for a gap to show: inconclusive,
+# never a vacuous pass
+@pytest.mark.parametrize("margin,code", [(50.0, 3), (100.5, 4)])
 def test_exit_code_follows_threshold_planted(tmp_path, tok, margin, code):
     em = EvalModel(Planted(tok.vocab_size, [1, 1, 1, 0]), tok, "planted", "phasekv", 4, {"path": "planted"})
     v = run_audit(em, tmp_path, margin=margin, task="lookup", progress=False, **SMALL)
@@ -62,12 +64,12 @@ def test_cli_exit_codes(tmp_path, tok):
     assert r.exit_code != 0 and "--margin 0 must be > 0" in str(r.exception)
 
 
-@pytest.mark.parametrize("margin,word", [(50.0, "fail"), (100.5, "pass")])
+@pytest.mark.parametrize("margin,word", [(50.0, "fail"), (100.5, "inconclusive")])
 def test_verdict_word_in_audit_json(tmp_path, tok, margin, word):
     em = EvalModel(Planted(tok.vocab_size, [1, 1, 1, 0]), tok, "planted", "phasekv", 4, {"path": "planted"})
     run_audit(em, tmp_path, margin=margin, task="lookup", progress=False, **SMALL)
     v = json.loads((tmp_path / "audit.json").read_text())
-    assert v["verdict"] == word and v["retrieves"] and v["ratios"][0]["ratio"] == 4
+    assert v["verdict"] == word and v["retrieves"] is (word == "fail") and v["ratios"][0]["ratio"] == 4
     assert v["ratios"][0]["phase_profile"] == [100, 100, 100, 0]
 
 
