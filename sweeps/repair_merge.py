@@ -4,8 +4,9 @@
 of a design the record already holds from `DIR/eval/lookup-<padding>/<alias>/summary.json` (the same training
 recipe, checked), takes the step costs from the record's own benchmark of that design (an architecture's costs
 do not depend on its seed), re-judges every design by the record's goals and reference (`repair.keep`) and
-redraws the cache frontier (one point per design and seed). Usage:
-    python sweeps/repair_merge.py runs/repair-seeds phasekv/demo/repair_seeds.json docs/repair_cache_frontier.png
+redraws the cache frontier (one point per design and seed). Seeds listed after the figure are marked as the
+design's fresh seeds (`fresh_seeds`: first trained after the design was fixed; the verdict reports them apart):
+    python sweeps/repair_merge.py runs/repair-seeds phasekv/demo/repair_seeds.json docs/repair_cache_frontier.png 50 51
 """
 
 import json
@@ -16,6 +17,7 @@ from phasekv.config import ModelConfig
 from phasekv.mitigate import repair as R
 
 root, record_path, figure = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+fresh = {int(a) for a in sys.argv[4:]}
 record = json.loads(record_path.read_text())
 designs = {(d["arch"], R._key(d["recipe"])): d for d in record["designs"]}
 added = []
@@ -37,6 +39,8 @@ for s in sorted((root / "eval" / "lookup-prefix").glob("*/summary.json")):
     d["per_seed"] = [m for m in d["per_seed"] if m["seed"] != cfg.seed] + [
         {"seed": cfg.seed, "train_rel": cost["train_rel"], "decode_rel": cost["decode_rel"], "paddings": paddings}]
     d["per_seed"].sort(key=lambda m: m["seed"])
+    if cfg.seed in fresh:
+        d["fresh_seeds"] = sorted(set(d.get("fresh_seeds", [])) | {cfg.seed})
     d["source"] = d.get("source", record["source"]) + f"; seed {cfg.seed}: sweeps/repair_merge.py {root}"
     added.append(f"{cfg.name}")
 # re-judge every design from its per-seed numbers (what `phasekv repair --record` does with the designs it keeps)
@@ -50,7 +54,7 @@ for d in record["designs"]:
     w = d["worst"]
     print(f"{d['design']}: cache {d['cache_ref']:.4f}; seeds {d['seeds']}; meet but cache "
           f"{sum(m['meets_but_cache'] for m in d['per_seed'])}/{len(d['seeds'])}; worst {w['seed']} {w['padding']} "
-          f"{w['gap']:.1f} [{w['gap_ci'][0]:.1f}, {w['gap_ci'][1]:.1f}]")
+          f"{w['gap']:.1f} [{w['gap_ci'][0]:.1f}, {w['gap_ci'][1]:.1f}]{R.fresh_text(d)}")
 
 import matplotlib  # noqa: E402
 
