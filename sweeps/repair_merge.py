@@ -10,6 +10,7 @@ design's fresh seeds (`fresh_seeds`: first trained after the design was fixed; t
 """
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -41,7 +42,9 @@ for s in sorted((root / "eval" / "lookup-prefix").glob("*/summary.json")):
     d["per_seed"].sort(key=lambda m: m["seed"])
     if cfg.seed in fresh:
         d["fresh_seeds"] = sorted(set(d.get("fresh_seeds", [])) | {cfg.seed})
-    d["source"] = d.get("source", record["source"]) + f"; seed {cfg.seed}: sweeps/repair_merge.py {root}"
+    base, _, merged = d.get("source", record["source"]).partition("; seeds merged by sweeps/repair_merge.py: ")
+    seeds = sorted({int(x) for x in re.findall(r"\d+", merged)} | {cfg.seed})
+    d["source"] = base + "; seeds merged by sweeps/repair_merge.py: " + ", ".join(map(str, seeds))
     added.append(f"{cfg.name}")
 # re-judge every design from its per-seed numbers (what `phasekv repair --record` does with the designs it keeps)
 result = {"goals": record["goals"], "reference_numbers": record["reference_numbers"],
