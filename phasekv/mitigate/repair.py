@@ -262,7 +262,20 @@ def measured_text(d: dict) -> str:
     r = d.get("measured")
     if r is None:
         return ""
-    return f" · measured outside this run ({r['source']}): " + distribution_text(r, named=False)
+    return f" · measured outside this run ({r['source']}): " + distribution_text(r, named=False) + fresh_text(r)
+
+
+def fresh_text(d: dict) -> str:
+    """'; at the fresh seeds 50-53 (first used after the design was fixed): 4 of 4 meet every goal but the cache, 0
+    every goal' for a record's design with `fresh_seeds` (seeds first trained after it was fixed as the winner)."""
+    fresh = d.get("fresh_seeds") or []
+    ms = [m for m in d.get("per_seed", []) if m["seed"] in fresh]
+    if not ms:
+        return ""
+    seeds = f"{min(fresh)}-{max(fresh)}" if fresh == list(range(min(fresh), max(fresh) + 1)) else ", ".join(map(str, fresh))
+    return (f"; at the fresh seeds {seeds} (first used after the design was fixed): "
+            f"{sum(m['meets_but_cache'] for m in ms)} of {len(ms)} meet every goal but the cache, "
+            f"{sum(m['meets'] for m in ms)} every goal")
 
 
 PER_SEED = ("seed", "meets", "meets_but_cache", "misses", "cache_ref", "cache_rel", "train_rel", "decode_rel", "paddings")  # a record's
@@ -295,7 +308,8 @@ def keep(result: dict, record: dict) -> None:
                          "paddings": s["paddings"]}, result["reference_numbers"], result["reference_model"],
                         result["context"], goals) for s in d["per_seed"]]
         result["kept"].append(seed_distribution(d["design"], models, goals) | {
-            "source": d.get("source", record["source"]), "per_seed": [{k: m[k] for k in PER_SEED} for m in models]})
+            "source": d.get("source", record["source"]), "per_seed": [{k: m[k] for k in PER_SEED} for m in models]}
+            | ({"fresh_seeds": d["fresh_seeds"]} if d.get("fresh_seeds") else {}))
 
 
 def _key(recipe: dict) -> str:

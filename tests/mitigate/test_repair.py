@@ -25,6 +25,7 @@ from phasekv.mitigate.repair import (
     attach_record,
     design_name,
     evaluate,
+    fresh_text,
     keep,
     seed_record,
 )
@@ -211,6 +212,20 @@ def test_a_record_keeps_earlier_designs_judged_by_the_current_rule(tmp_path):
     assert again["kept"] == []
     with pytest.raises(Exception, match="needs schema"):
         keep(again, {"schema": "x"})
+
+
+def test_fresh_seeds_are_kept_and_reported_apart():
+    """A record's design may name its fresh seeds (first trained after it was fixed as the winner): `keep` carries
+    them, and the verdict that cites the record reports them apart from the whole distribution."""
+    rows = [_row(_seeded(W12, s)) for s in (*SEEDS, 50, 51)]
+    earlier = json.loads(json.dumps(seed_record(evaluate(_summaries(rows), UNREP), "run A")))
+    earlier["designs"][0]["fresh_seeds"] = [50, 51]
+    new = evaluate(_summaries([_row(_seeded(TIED, 42))]), UNREP)
+    keep(new, earlier)
+    assert new["kept"][0]["fresh_seeds"] == [50, 51]
+    assert fresh_text(new["kept"][0]) == ("; at the fresh seeds 50-51 (first used after the design was fixed): "
+                                          "2 of 2 meet every goal but the cache, 2 every goal")
+    assert fresh_text(new["designs"][0]) == ""
 
 
 def test_a_design_is_a_label_without_its_seed():
