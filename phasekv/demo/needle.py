@@ -180,3 +180,51 @@ def curves_figure(chains: list[tuple[str, str, list[SweepRun]]]) -> Figure:
 def _kept(path: Path) -> dict | None:
     """A finished evaluation's summary or audit's verdict, if there is one."""
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def needle_audits(root: Path, rows: list[dict], context: int) -> list[tuple[str, str, dict, dict]]:
+    """(model, alias, the evaluation's summary, the audit's verdict) of every model's needle audit at `context`
+    under ROOT (OUT/needle-<context>/<alias>/), for the report's figures; audits not on disk are skipped."""
+    found = []
+    for r in rows:
+        if r["context"] != context:
+            continue
+        alias = ModelConfig.from_name(r["model"]).alias
+        where = Path(root) / f"needle-{context}" / alias
+        v, summaries = _kept(where / "audit.json"), sorted(where.rglob("summary.json"))
+        if v and summaries:
+            found.append((r["model"], alias, json.loads(summaries[0].read_text()), v))
+    return found
+
+
+def widen(source: Path, tok, out: Path) -> Path:
+    """`source`'s model with the vocabulary of `tok` (a superset of its own words): every tensor kept, the embedding
+    and LM-head rows of the words both know copied by word, the new words' rows as a fresh model initialises them;
+    written to OUT (`PhaseLM.save` and tokenizer.json), a model `phasekv train --init-from` continues. Full attention
+    learns the demo's recall over its 32 keys and names but not over the needle's 528 words (its output layer over
+    every word; docs/results/needle.md), so its chain starts there and widens."""
+    import torch
+
+    from phasekv.data.tokenizer import save_tokenizer
+    from phasekv.model.transformer import PhaseLM
+    from phasekv.train.run import load_run
+
+    out = Path(out)
+    if (out / "tokenizer.json").is_file():
+        return out
+    model, old = load_run(source, hf_tokenizer=False)
+    torch.manual_seed(model.config.seed)
+    wide = PhaseLM(model.config.replace(vocab_size=tok.get_vocab_size()))
+    state, new = model.state_dict(), wide.state_dict()
+    rows = [(i, old.token_to_id(w)) for w, i in tok.get_vocab().items() if old.token_to_id(w) is not None]
+    dst, src = torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows])
+    for name, t in state.items():
+        if new[name].shape == t.shape:
+            new[name] = t
+        else:  # vocabulary-sized: the embedding (and an untied LM head)
+            new[name][dst] = t[src]
+    wide.load_state_dict(new)
+    out.mkdir(parents=True, exist_ok=True)
+    wide.save(out)
+    save_tokenizer(tok, out / "tokenizer.json")
+    return out

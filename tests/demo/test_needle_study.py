@@ -46,3 +46,13 @@ def test_quick_needle_study_end_to_end(tmp_path):
     assert {c["stride"] for c in result["controls"]} == {8}  # the full-attention control tested at period 8 too
     assert (out / "curves.png").is_file() and (out / "needle.png").is_file()
     assert "| W8/S8 · 1 KV | 127 |" in (out / "needle.md").read_text()
+    # the report reads it: a "Long context" section (the controls' table, each model's audit figure) and markdown
+    from phasekv.report.markdown import study_markdown
+    from phasekv.report.render import render_report
+
+    page = render_report(out, progress=False).read_text()
+    assert 'id="needle"' in page and "Long context" in page and "W8/S8 · 1 KV" in page
+    assert (out / "report" / "figures" / "needle-w8s8-1kv.png").is_file()
+    assert (out / "report" / "figures" / "needle-full-1kv.png").is_file()
+    md = study_markdown(out)
+    assert "## Long context" in md and "| W8/S8 · 1 KV | 127 |" in md
