@@ -46,12 +46,23 @@ STAGES = {
     "1024": {"data": "needle", "seq_len": 1024, "steps": 600, "batch_size": 16, "lr": 1e-3, "warmup": 50,
              "val_every": 100, "val_sequences": 64, "needle": {"queries": 8, "curriculum": 1600}},
 }  # each stage continues the one before; records grow from 1 over the first 400 (256) and 100 (1,024) steps
+DEMO = {**BASE, "val_every": 100, "recall": {**BASE["recall"], "n_keys": 32, "n_values": 32, "key_words": 1}}
+# full attention's own chain: the demo's recall over the shipped lists' first 32 keys and 32 names (one-animal keys,
+# which it learns: held-out 97.8% at step 700), its vocabulary then widened to the needle's words (`widen`), then
+# the needle's words at 96 tokens and the stages above. From the needle's words directly its chain stayed on the
+# "any name in the context" plateau (base 18.1%, 256 tokens 3.5%: docs/results/needle.md)
+FULL_STAGES = {"demo": DEMO, "base": {**BASE, "steps": 600, "val_every": 100, "widen": True},
+               "256": STAGES["256"], "1024": STAGES["1024"]}
+WIDE = "-wide"  # suffix of the widened copy of a run (`widen`): the next stage's init_from
 QUICK = {  # the same path at tiny budgets: the plumbing, not the effect
     "base": {**BASE, "steps": 4, "batch_size": 8, "grad_accum": 1, "warmup": 2, "val_sequences": 8,
              "gate_steps": "none", "recall": {**BASE["recall"], "curriculum": 16}},
     "128": {"data": "needle", "seq_len": 128, "steps": 3, "batch_size": 4, "lr": 2e-3, "warmup": 1,
             "val_sequences": 8, "gate_steps": "none", "needle": {"queries": 2, "curriculum": 8}},
 }
+QUICK_FULL = {"demo": {**QUICK["base"], "recall": {**QUICK["base"]["recall"], "n_keys": 32, "n_values": 32,
+                                                   "key_words": 1}},
+              "base": {**QUICK["base"], "widen": True}, "128": QUICK["128"]}
 
 
 @dataclass
@@ -59,6 +70,8 @@ class NeedlePlan:
     mode: str  # "full" | "quick"
     models: list[str] = field(default_factory=lambda: ["W8/S8 · 1 KV", "Full attention · 1 KV", "W8/S4 · 1 KV"])
     stages: dict = field(default_factory=lambda: STAGES)  # tag -> `phasekv train` options, in training order
+    own: dict = field(default_factory=lambda: {"Full attention · 1 KV": FULL_STAGES})  # model -> its own stages
+    #   (the same last stage); a stage's "widen": True starts it from the previous run widened to its words
     lengths: tuple[int, ...] = (1, 2, 4)  # needle contexts, multiples of the last stage's training length
     per_group: int = 256  # needle prompts per residue mod 8 (a multiple of 64: exact moment matching); a stride of 8
     #                       is tested on residues mod 16 with about as many prompts (the audit's rule)
@@ -77,19 +90,23 @@ class NeedlePlan:
 
     def runs(self, root: Path) -> list[tuple[str, str, list[SweepRun]]]:
         """(model, its alias, its chain of runs) for every model: run k of a chain starts from run k-1's weights."""
-        chains, tags = [], list(self.stages)
+        chains = []
         for model in self.models:
             alias, chain, init = ModelConfig.from_name(model).alias, [], None
+            stages = self.own.get(model, self.stages)
+            tags = list(stages)
             if model in self.continues:
                 source, stage = self.continues[model]
                 tags, init = tags[tags.index(stage) + 1:], root / f"{ModelConfig.from_name(source).alias}-{stage}"
             for tag in tags:
+                options = dict(stages[tag])
                 init = chain[-1].out if chain else init
+                if options.pop("widen", False):
+                    init = Path(f"{init}{WIDE}")
                 chain.append(SweepRun(f"{model} [{tag}]", f"{alias}-{tag}",
-                                      {"arch": model, "preset": "tiny", **self.stages[tag],
+                                      {"arch": model, "preset": "tiny", **options,
                                        **({"init_from": str(init)} if init else {}), "out": str(root / f"{alias}-{tag}")}))
             chains.append((model, alias, chain))
-            tags = list(self.stages)
         return chains
 
 
@@ -97,7 +114,7 @@ def plan_for(quick: bool) -> NeedlePlan:
     if not quick:
         return NeedlePlan("full")
     return NeedlePlan("quick", models=["W8/S8 · 1 KV", "Full attention · 1 KV"], stages=QUICK, lengths=(1, 2),
-                      per_group=8, continues={})
+                      per_group=8, continues={}, own={"Full attention · 1 KV": QUICK_FULL})
 
 
 def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool = True,
@@ -107,8 +124,14 @@ def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool 
     plan, out = plan or plan_for(quick), Path(out)
     rows, profiles, chains = [], [], plan.runs(out / "runs")
     for model, alias, chain in chains:
-        if any(r["after"] == "failed" for r in run_runs(chain, threads=threads, progress=progress)):
-            raise SystemExit(1)
+        for run in chain:
+            init = run.options.get("init_from", "")
+            if init.endswith(WIDE) and not run.status() == "done":  # the previous run, widened to this one's words
+                from phasekv.data.sources import data_tokenizer
+
+                widen(Path(init.removesuffix(WIDE)), data_tokenizer(run.config().data), Path(init))
+            if any(r["after"] == "failed" for r in run_runs([run], threads=threads, progress=progress)):
+                raise SystemExit(1)
         em = load(chain[-1].out, device="cpu")
         for k in plan.lengths:
             ctx = k * plan.train_len - 1  # prompts of k training lengths: <bos> and the context
@@ -180,3 +203,51 @@ def curves_figure(chains: list[tuple[str, str, list[SweepRun]]]) -> Figure:
 def _kept(path: Path) -> dict | None:
     """A finished evaluation's summary or audit's verdict, if there is one."""
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def needle_audits(root: Path, rows: list[dict], context: int) -> list[tuple[str, str, dict, dict]]:
+    """(model, alias, the evaluation's summary, the audit's verdict) of every model's needle audit at `context`
+    under ROOT (OUT/needle-<context>/<alias>/), for the report's figures; audits not on disk are skipped."""
+    found = []
+    for r in rows:
+        if r["context"] != context:
+            continue
+        alias = ModelConfig.from_name(r["model"]).alias
+        where = Path(root) / f"needle-{context}" / alias
+        v, summaries = _kept(where / "audit.json"), sorted(where.rglob("summary.json"))
+        if v and summaries:
+            found.append((r["model"], alias, json.loads(summaries[0].read_text()), v))
+    return found
+
+
+def widen(source: Path, tok, out: Path) -> Path:
+    """`source`'s model with the vocabulary of `tok` (a superset of its own words): every tensor kept, the embedding
+    and LM-head rows of the words both know copied by word, the new words' rows as a fresh model initialises them;
+    written to OUT (`PhaseLM.save` and tokenizer.json), a model `phasekv train --init-from` continues. Full attention
+    learns the demo's recall over its 32 keys and names but not over the needle's 528 words (its output layer over
+    every word; docs/results/needle.md), so its chain starts there and widens."""
+    import torch
+
+    from phasekv.data.tokenizer import save_tokenizer
+    from phasekv.model.transformer import PhaseLM
+    from phasekv.train.run import load_run
+
+    out = Path(out)
+    if (out / "tokenizer.json").is_file():
+        return out
+    model, old = load_run(source, hf_tokenizer=False)
+    torch.manual_seed(model.config.seed)
+    wide = PhaseLM(model.config.replace(vocab_size=tok.get_vocab_size()))
+    state, new = model.state_dict(), wide.state_dict()
+    rows = [(i, old.token_to_id(w)) for w, i in tok.get_vocab().items() if old.token_to_id(w) is not None]
+    dst, src = torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows])
+    for name, t in state.items():
+        if new[name].shape == t.shape:
+            new[name] = t
+        else:  # vocabulary-sized: the embedding (and an untied LM head)
+            new[name][dst] = t[src]
+    wide.load_state_dict(new)
+    out.mkdir(parents=True, exist_ok=True)
+    wide.save(out)
+    save_tokenizer(tok, out / "tokenizer.json")
+    return out

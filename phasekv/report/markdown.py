@@ -53,5 +53,17 @@ def grid_markdown(root: str | Path) -> str:
     return "\n".join(lines)
 
 
+def needle_markdown(root: str | Path) -> str | None:
+    """The long-context controls' table (`phasekv study --needle`'s needle.md), or None without one."""
+    path = Path(root) / "needle.md"
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
 def study_markdown(root: str | Path) -> str:
-    return f"## The study's claims\n\n{claims_markdown(root)}\n\n## The grid\n\n{grid_markdown(root)}\n"
+    """The claims and the grid, and the long-context controls when DIR has them (a needle-only directory: those
+    alone)."""
+    needle = needle_markdown(root)
+    long = f"\n## Long context\n\n{needle}" if needle else ""
+    if needle and not Layout(root).claims.is_file():
+        return long.lstrip("\n")
+    return f"## The study's claims\n\n{claims_markdown(root)}\n\n## The grid\n\n{grid_markdown(root)}\n" + long

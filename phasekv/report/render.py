@@ -3,6 +3,7 @@ from the results files of a study directory (see `phasekv.report.layout`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -16,6 +17,7 @@ from phasekv.eval import presses
 from phasekv.eval.figure import PALETTE, Figure, to_plotly, to_png
 from phasekv.eval.protocols import retrieval_protocols
 from phasekv.io import write_json, write_text
+from phasekv.mitigate.audit import audit_figure
 from phasekv.mitigate.criteria import verdict_lines
 from phasekv.mitigate.repair import rule_text
 from phasekv.progress import Progress
@@ -483,6 +485,32 @@ def section_family(b: Builder) -> None:
     b.add("family", "The family", body + "<p>Also in <code>family.md</code> beside this page.</p>")
 
 
+def section_needle(b: Builder) -> None:
+    """The long-context regime (`phasekv study --needle`, DIR/needle.json): the controls' table (each model's needle
+    audit at 1x, 2x and 4x its training length) and, per model, accuracy by residue at the training length with its
+    Wilson band and the fold mod the stride (the audit's figure). No section without needle.json."""
+    from phasekv.demo.needle import needle_audits, table as needle_table
+
+    path = b.study.root / "needle.json"
+    if not path.is_file():
+        return
+    result = json.loads(path.read_text())
+    rows, train_len = result["controls"], result["train_len"]
+    head = (f"<p>Tiny models trained on the needle test's own task up to {train_len:,} tokens (each a chain of "
+            "stages, <code>phasekv study --needle</code>), each audited with the needle test at 1x, 2x and 4x that "
+            "length (Wilson intervals; flat: the gap's 95% upper bound under the margin δ). Chance: "
+            f"{100 * rows[0]['chance']:.1f}% (one of the names) when the mean is read as a percentage.</p>"
+            if rows else "")
+    cells = [line.strip("|").split(" | ") for line in needle_table(rows).splitlines()[2:]]
+    headers = [h.strip() for h in needle_table([]).splitlines()[0].strip("|").split(" | ")]
+    body = head + html.table([esc(h) for h in headers], [[esc(c.strip()) for c in r] for r in cells])
+    for model, alias, summary, v in needle_audits(b.study.root, rows, train_len - 1):
+        body += b.fig(audit_figure(summary, v), f"{model}: needle accuracy by the target's residue at "
+                      f"{train_len - 1:,} tokens (95% Wilson band, weakest residues circled) and the fold mod "
+                      f"{v['stride']}; audit {v['verdict']} (exit {v['exit_code']}).", f"needle-{alias}")
+    b.add("needle", "Long context", body + "<p>Also in <code>needle.md</code> beside the runs.</p>")
+
+
 def section_presses(b: Builder) -> None:
     """Inference-time compression (`phasekv eval presses`, DIR/presses/): a full-attention model's lookup under
     kvpress presses beside the uncompressed model, a sentence per press. No section without the table."""
@@ -560,7 +588,7 @@ def render_report(root: str | os.PathLike, progress: bool = True) -> Path:
              *((n, partial(section_retrieval, name=n, primary=i == 0)) for i, n in enumerate(retrieval)),
              *((f.__name__.removeprefix("section_"), f) for f in (
                  section_examples, section_flip, section_knockout, section_gates, section_alignment, section_cycle,
-                 section_compare, section_repair, section_family, section_presses, section_theory,
+                 section_compare, section_repair, section_family, section_needle, section_presses, section_theory,
                  section_published))]
     with Progress(disable=not progress, transient=True) as prog:
         task = prog.add_task("report", total=len(steps))
