@@ -29,6 +29,7 @@ from phasekv.eval.stats import FLAT, FLAT_MARGIN
 from phasekv.io import write_json
 from phasekv.mitigate.audit import run_audit
 from phasekv.report.load import read_jsonl
+from phasekv.report.needle import kept, table
 from phasekv.train.sweep import SweepRun, run_runs
 
 console = Console(stderr=True)
@@ -136,7 +137,7 @@ def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool 
         for k in plan.lengths:
             ctx = k * plan.train_len - 1  # prompts of k training lengths: <bos> and the context
             where = out / f"needle-{ctx}" / alias
-            v = _kept(where / "audit.json") or run_audit(
+            v = kept(where / "audit.json") or run_audit(
                 em, where, stride=None if em.stride else plan.control_stride, margin=plan.margin, task="needle",
                 per_group=plan.per_group, context=ctx, batch_size=plan.eval_batch, progress=progress)
             rows.append(control_row(model, ctx, v))
@@ -158,20 +159,6 @@ def control_row(model: str, context: int, v: dict) -> dict:
             "modulus", "n_prompts", "chance", "verdict", "exit_code", "evaluation")
     return {"model": model, "context": context, **{k: v[k] for k in keep}, "flat": v["flat"] == FLAT,
             "beyond_training_length": bool(v.get("beyond_training_length"))}
-
-
-def table(rows: list[dict]) -> str:
-    """The controls' table (markdown): each model's needle audit at each length."""
-    lines = ["| model | context | prompts (mod M) | mean [95%] | worst | best | gap [95%] | period | p at S | flat | "
-             "audit (exit) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        p = "" if r["period_p_value"] is None else f"{r['period_p_value']:.4f} (S={r['stride']})"
-        lines.append(f"| {r['model']} | {r['context']:,}{' (beyond training)' if r['beyond_training_length'] else ''} "
-                     f"| {r['n_prompts']:,} (mod {r['modulus']}) | {r['mean']:.1f} [{r['mean_ci'][0]:.1f}, "
-                     f"{r['mean_ci'][1]:.1f}] | {r['worst']:.1f} | {r['best']:.1f} | {r['gap']:.1f} [{r['gap_ci'][0]:.1f}, "
-                     f"{r['gap_ci'][1]:.1f}] | {r['detected_period']} | {p} | {'yes' if r['flat'] else 'no'} | "
-                     f"{r['verdict']} ({r['exit_code']}) |")
-    return "\n".join(lines) + "\n"
 
 
 def curves_figure(chains: list[tuple[str, str, list[SweepRun]]]) -> Figure:
@@ -198,26 +185,6 @@ def curves_figure(chains: list[tuple[str, str, list[SweepRun]]]) -> Figure:
                          xlabel="step (the chain's stages one after another)", ylabel="accuracy (%)", ylim=(0, 100),
                          guides=guides, legend=True),
                    Panel(loss, title="training loss", xlabel="step", ylabel="loss", guides=guides)], size=(11, 3.6))
-
-
-def _kept(path: Path) -> dict | None:
-    """A finished evaluation's summary or audit's verdict, if there is one."""
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def needle_audits(root: Path, rows: list[dict], context: int) -> list[tuple[str, str, dict, dict]]:
-    """(model, alias, the evaluation's summary, the audit's verdict) of every model's needle audit at `context`
-    under ROOT (OUT/needle-<context>/<alias>/), for the report's figures; audits not on disk are skipped."""
-    found = []
-    for r in rows:
-        if r["context"] != context:
-            continue
-        alias = ModelConfig.from_name(r["model"]).alias
-        where = Path(root) / f"needle-{context}" / alias
-        v, summaries = _kept(where / "audit.json"), sorted(where.rglob("summary.json"))
-        if v and summaries:
-            found.append((r["model"], alias, json.loads(summaries[0].read_text()), v))
-    return found
 
 
 def widen(source: Path, tok, out: Path) -> Path:

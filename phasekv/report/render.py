@@ -21,7 +21,7 @@ from phasekv.mitigate.audit import audit_figure
 from phasekv.mitigate.criteria import verdict_lines
 from phasekv.mitigate.repair import rule_text
 from phasekv.progress import Progress
-from phasekv.report import checks, claims, family, figures, html, published, tables
+from phasekv.report import checks, claims, family, figures, html, needle, published, tables
 from phasekv.report.html import esc, fmt
 from phasekv.report.layout import Layout
 from phasekv.report.load import Study, load_study
@@ -489,8 +489,6 @@ def section_needle(b: Builder) -> None:
     """The long-context regime (`phasekv study --needle`, DIR/needle.json): the controls' table (each model's needle
     audit at 1x, 2x and 4x its training length) and, per model, accuracy by residue at the training length with its
     Wilson band and the fold mod the stride (the audit's figure). No section without needle.json."""
-    from phasekv.demo.needle import needle_audits, table as needle_table
-
     path = b.study.root / "needle.json"
     if not path.is_file():
         return
@@ -501,10 +499,10 @@ def section_needle(b: Builder) -> None:
             "length (Wilson intervals; flat: the gap's 95% upper bound under the margin δ). Chance: "
             f"{100 * rows[0]['chance']:.1f}% (one of the names) when the mean is read as a percentage.</p>"
             if rows else "")
-    cells = [line.strip("|").split(" | ") for line in needle_table(rows).splitlines()[2:]]
-    headers = [h.strip() for h in needle_table([]).splitlines()[0].strip("|").split(" | ")]
+    cells = [line.strip("|").split(" | ") for line in needle.table(rows).splitlines()[2:]]
+    headers = [h.strip() for h in needle.table([]).splitlines()[0].strip("|").split(" | ")]
     body = head + html.table([esc(h) for h in headers], [[esc(c.strip()) for c in r] for r in cells])
-    for model, alias, summary, v in needle_audits(b.study.root, rows, train_len - 1):
+    for model, alias, summary, v in needle.audits(b.study.root, rows, train_len - 1):
         body += b.fig(audit_figure(summary, v), f"{model}: needle accuracy by the target's residue at "
                       f"{train_len - 1:,} tokens (95% Wilson band, weakest residues circled) and the fold mod "
                       f"{v['stride']}; audit {v['verdict']} (exit {v['exit_code']}).", f"needle-{alias}")
