@@ -21,6 +21,7 @@ import pandas as pd
 from rich.console import Console
 
 from phasekv.config import ModelConfig
+from phasekv.data.sources import data_tokenizer
 from phasekv.eval.figure import PALETTE, Figure, Guide, Panel, Trace, to_png
 from phasekv.eval.models import load
 from phasekv.eval.report import profile_rows, residue_figure
@@ -127,9 +128,7 @@ def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool 
     for model, alias, chain in chains:
         for run in chain:
             init = run.options.get("init_from", "")
-            if init.endswith(WIDE) and not run.status() == "done":  # the previous run, widened to this one's words
-                from phasekv.data.sources import data_tokenizer
-
+            if init.endswith(WIDE) and run.status() != "done":  # the previous run, widened to this one's words
                 widen(Path(init.removesuffix(WIDE)), data_tokenizer(run.config().data), Path(init))
             if any(r["after"] == "failed" for r in run_runs([run], threads=threads, progress=progress)):
                 raise SystemExit(1)

@@ -8,19 +8,28 @@ from pathlib import Path
 
 from phasekv.config import ModelConfig
 
+HEADERS = ["model", "context", "prompts (mod M)", "mean [95%]", "worst", "best", "gap [95%]", "period", "p at S", "flat",
+           "audit (exit)"]
+
+
+def cells(r: dict) -> list[str]:
+    """One control (a model's needle audit at one length) as the table's cells."""
+    p = "" if r["period_p_value"] is None else f"{r['period_p_value']:.4f} (S={r['stride']})"
+    return [r["model"], f"{r['context']:,}{' (beyond training)' if r['beyond_training_length'] else ''}",
+            f"{r['n_prompts']:,} (mod {r['modulus']})", f"{r['mean']:.1f} [{r['mean_ci'][0]:.1f}, {r['mean_ci'][1]:.1f}]",
+            f"{r['worst']:.1f}", f"{r['best']:.1f}", f"{r['gap']:.1f} [{r['gap_ci'][0]:.1f}, {r['gap_ci'][1]:.1f}]",
+            str(r["detected_period"]), p, "yes" if r["flat"] else "no", f"{r['verdict']} ({r['exit_code']})"]
+
 
 def table(rows: list[dict]) -> str:
     """The controls' table (markdown): each model's needle audit at each length."""
-    lines = ["| model | context | prompts (mod M) | mean [95%] | worst | best | gap [95%] | period | p at S | flat | "
-             "audit (exit) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        p = "" if r["period_p_value"] is None else f"{r['period_p_value']:.4f} (S={r['stride']})"
-        lines.append(f"| {r['model']} | {r['context']:,}{' (beyond training)' if r['beyond_training_length'] else ''} "
-                     f"| {r['n_prompts']:,} (mod {r['modulus']}) | {r['mean']:.1f} [{r['mean_ci'][0]:.1f}, "
-                     f"{r['mean_ci'][1]:.1f}] | {r['worst']:.1f} | {r['best']:.1f} | {r['gap']:.1f} [{r['gap_ci'][0]:.1f}, "
-                     f"{r['gap_ci'][1]:.1f}] | {r['detected_period']} | {p} | {'yes' if r['flat'] else 'no'} | "
-                     f"{r['verdict']} ({r['exit_code']}) |")
-    return "\n".join(lines) + "\n"
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    return "\n".join(lines + ["| " + " | ".join(cells(r)) + " |" for r in rows]) + "\n"
+
+
+def load(root: Path) -> dict | None:
+    """`phasekv study --needle`'s results (ROOT/needle.json: the controls and the training length), if any."""
+    return kept(Path(root) / "needle.json")
 
 
 def kept(path: Path) -> dict | None:

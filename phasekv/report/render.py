@@ -3,7 +3,6 @@ from the results files of a study directory (see `phasekv.report.layout`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -489,19 +488,16 @@ def section_needle(b: Builder) -> None:
     """The long-context regime (`phasekv study --needle`, DIR/needle.json): the controls' table (each model's needle
     audit at 1x, 2x and 4x its training length) and, per model, accuracy by residue at the training length with its
     Wilson band and the fold mod the stride (the audit's figure). No section without needle.json."""
-    path = b.study.root / "needle.json"
-    if not path.is_file():
+    result = needle.load(b.study.root)
+    if result is None:
         return
-    result = json.loads(path.read_text())
     rows, train_len = result["controls"], result["train_len"]
     head = (f"<p>Tiny models trained on the needle test's own task up to {train_len:,} tokens (each a chain of "
             "stages, <code>phasekv study --needle</code>), each audited with the needle test at 1x, 2x and 4x that "
             "length (Wilson intervals; flat: the gap's 95% upper bound under the margin δ). Chance: "
             f"{100 * rows[0]['chance']:.1f}% (one of the names) when the mean is read as a percentage.</p>"
             if rows else "")
-    cells = [line.strip("|").split(" | ") for line in needle.table(rows).splitlines()[2:]]
-    headers = [h.strip() for h in needle.table([]).splitlines()[0].strip("|").split(" | ")]
-    body = head + html.table([esc(h) for h in headers], [[esc(c.strip()) for c in r] for r in cells])
+    body = head + html.table([esc(h) for h in needle.HEADERS], [[esc(c) for c in needle.cells(r)] for r in rows])
     for model, alias, summary, v in needle.audits(b.study.root, rows, train_len - 1):
         body += b.fig(audit_figure(summary, v), f"{model}: needle accuracy by the target's residue at "
                       f"{train_len - 1:,} tokens (95% Wilson band, weakest residues circled) and the fold mod "
