@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
         param: list[str] = PARAM,
     ) -> None:
         """Reproduce the study end to end on this CPU: train four tiny models (full attention, W8/S8, W8/S4
-        and the repair candidate W8/S6 · 4 KV), run the lookup evaluation under both paddings, the flip
+        and the repair W3/S2 · 1 KV), run the lookup evaluation under both paddings, the flip
         sweep, knockouts, gate statistics with training paths, gate cycling, the repair's goals and the theory
         checks, then write OUT/report/index.html. Resumable: re-running skips finished work."""
         from phasekv.demo.runner import run_demo

@@ -203,6 +203,7 @@ def seed_distribution(design: str, models: list[dict], goals: Goals) -> dict:
     verdict: `meets` only when it has >= goals.seeds seeds and every one of them meets every goal."""
     seeds = sorted(m["seed"] for m in models)
     meeting = sorted(m["seed"] for m in models if m["meets"])
+    flat = sorted(m["seed"] for m in models if m["meets_but_cache"])
     lo, hi = clopper_pearson(len(meeting), len(seeds))
     worst = None
     for m in models:
@@ -213,7 +214,7 @@ def seed_distribution(design: str, models: list[dict], goals: Goals) -> dict:
     role = "unrepaired" if all(m["role"] == "unrepaired" for m in models) else "design"
     return {"design": design, "role": role, "arch": models[0]["arch"], "recipe": models[0]["recipe"],
             "cache_ref": models[0]["cache_ref"], "cache_rel": models[0]["cache_rel"], "seeds": seeds, "meeting_seeds": meeting,
-            "failing_seeds": sorted(set(seeds) - set(meeting)), "rate": len(meeting) / len(seeds),
+            "meeting_but_cache": flat, "failing_seeds": sorted(set(seeds) - set(meeting)), "rate": len(meeting) / len(seeds),
             "rate_ci": [lo, hi], "worst": worst, "enough_seeds": len(seeds) >= goals.seeds,
             "meets": len(seeds) >= goals.seeds and len(meeting) == len(seeds)}
 
@@ -237,6 +238,9 @@ def distribution_text(d: dict, named: bool = True) -> str:
     lo, hi = d["rate_ci"]
     text = ((f"{d['design']}: " if named else "") + f"{len(d['meeting_seeds'])} of {seed_count(len(d['seeds']))} {'meets' if len(d['seeds']) == 1 else 'meet'} every goal "
             f"(95% exact interval {100 * lo:.0f}-{100 * hi:.0f}%)")
+    flat = d.get("meeting_but_cache")  # absent from records written before it was kept
+    if flat is not None and flat != d["meeting_seeds"]:
+        text += f", {len(flat)} every goal but the cache"
     w = d["worst"]
     if w is not None:
         p = "untestable" if w["p"] is None else f"{w['p']:.4f}"
@@ -268,14 +272,23 @@ def measured_text(d: dict) -> str:
 def fresh_text(d: dict) -> str:
     """'; at the fresh seeds 50-53 (first used after the design was fixed): 4 of 4 meet every goal but the cache, 0
     every goal' for a record's design with `fresh_seeds` (seeds first trained after it was fixed as the winner)."""
+    f = fresh_counts(d)
+    if f is None:
+        return ""
+    seeds, but_cache, every = f
+    return (f"; at the fresh seeds {seeds} (first used after the design was fixed): "
+            f"{but_cache} meet every goal but the cache, {every} every goal")
+
+
+def fresh_counts(d: dict) -> tuple[str, str, int] | None:
+    """A record design's fresh seeds (`fresh_seeds`) as ('50-53', '4 of 4' meeting every goal but the cache, how
+    many meet every goal), or None without them."""
     fresh = d.get("fresh_seeds") or []
     ms = [m for m in d.get("per_seed", []) if m["seed"] in fresh]
     if not ms:
-        return ""
+        return None
     seeds = f"{min(fresh)}-{max(fresh)}" if fresh == list(range(min(fresh), max(fresh) + 1)) else ", ".join(map(str, fresh))
-    return (f"; at the fresh seeds {seeds} (first used after the design was fixed): "
-            f"{sum(m['meets_but_cache'] for m in ms)} of {len(ms)} meet every goal but the cache, "
-            f"{sum(m['meets'] for m in ms)} every goal")
+    return seeds, f"{sum(m['meets_but_cache'] for m in ms)} of {len(ms)}", sum(m["meets"] for m in ms)
 
 
 PER_SEED = ("seed", "meets", "meets_but_cache", "misses", "cache_ref", "cache_rel", "train_rel", "decode_rel", "paddings")  # a record's

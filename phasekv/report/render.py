@@ -18,7 +18,7 @@ from phasekv.eval.protocols import retrieval_protocols
 from phasekv.io import write_json, write_text
 from phasekv.mitigate.audit import audit_figure
 from phasekv.mitigate.criteria import verdict_lines
-from phasekv.mitigate.repair import rule_text
+from phasekv.mitigate.repair import fresh_counts, rule_text
 from phasekv.progress import Progress
 from phasekv.report import checks, claims, family, figures, html, needle, published, tables
 from phasekv.report.html import esc, fmt
@@ -444,10 +444,12 @@ def section_repair(b: Builder) -> None:
             f"side). Seeds: {rule_text(g['seeds'])}.</p>")
     body += html.table(["model", "cache vs reference", "vs same KV heads", "train", "decode", "prefix mean [95%]",
                         "gap [95%]", "period (p)", "in-seq. mean [95%]", "gap [95%]", "period (p)", "goals"], rows)
+    designs = [d for d in r["designs"] if d.get("role") == "design"]
+    measured = [d["measured"] | {"design": d["design"]} for d in designs if "measured" in d]  # the seed record's
     body += html.table(["design", "cache vs reference", "vs same KV heads", "seeds meeting every goal",
-                        "95% exact interval", "failing seeds", "worst seed"],
-                       [_seed_row(d) for d in [*(d for d in r["designs"] if d.get("role") == "design"),
-                                               *r.get("kept", [])]])
+                        "95% exact interval", "every goal but the cache", "failing seeds", "worst seed",
+                        "fresh seeds: every goal but the cache"],
+                       [_seed_row(d) for d in [*designs, *measured, *r.get("kept", [])]])
     cls = "pass" if r["repaired"] else "fail"
     body += f'<p><b>Verdict:</b> <span class="{cls}">{esc(r["verdict"])}</span></p>'
     png = b.study.root / "repair" / "frontier.png"
@@ -466,9 +468,13 @@ def _seed_row(d: dict) -> list[str]:
     worst = "–" if w is None else (f"{w['seed']}: {w['padding']} gap {fmt(w['gap'])} [{fmt(w['gap_ci'][0])}, "
                                    f"{fmt(w['gap_ci'][1])}], period {w['period']} (p {fmt(w['p'], 4)})")
     kept = f" (measured by {d['source']})" if "source" in d else ""
+    flat = d.get("meeting_but_cache")
+    fresh = fresh_counts(d)
     return [esc(d["design"] + kept), fmt(d["cache_ref"], 4), fmt(d["cache_rel"], 4),
             f"{len(d['meeting_seeds'])} / {len(d['seeds'])}", f"{100 * lo:.0f}-{100 * hi:.0f}%",
-            ", ".join(map(str, d["failing_seeds"])) or "none", esc(worst)]
+            "–" if flat is None else f"{len(flat)} / {len(d['seeds'])}",
+            ", ".join(map(str, d["failing_seeds"])) or "none", esc(worst),
+            "–" if fresh is None else f"{fresh[1]} (seeds {fresh[0]})"]
 
 
 def section_family(b: Builder) -> None:

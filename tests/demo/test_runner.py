@@ -39,7 +39,7 @@ def test_progress_lines_off_a_terminal(monkeypatch, capsys):
 
 def test_task_graph_covers_every_stage(tmp_path):
     tasks = {t.name: t for t in build_tasks(tmp_path, plan_for(quick=True))}
-    models = ["full-1kv", "w8s8-1kv", "w8s4-1kv", "w8s6-4kv"]
+    models = ["full-1kv", "w8s8-1kv", "w8s4-1kv", "w3s2-1kv"]
     for m in models:
         assert f"train {m}" in tasks
         for stage in ("lookup prefix", "lookup in-sequence", "knockout", "flip"):
@@ -153,7 +153,7 @@ def test_training_per_model_and_longest_training_first(tmp_path):
     assert full == plan.training_of("full-1kv") and full["steps"] > plan.steps
     assert plan.sequences_of("full-1kv") > plan.sequences_of("W8/S4 · 1 KV") == plan.steps * plan.batch_size
     assert plan.training_of("W8/S4 · 1 KV") == {"steps": plan.steps, "batch_size": plan.batch_size, "lr": plan.lr}
-    assert plan_for(quick=True).per_model == {"W8/S6 · 4 KV": {"recall": {"gap_prob": 0.5}}}  # what, not how long
+    assert plan_for(quick=True).per_model == {"W3/S2 · 1 KV": {"recall": {"gap_prob": 0.5}}}  # what, not how long
     assert "(Full attention · 1 KV: 1000 steps)" in plan.steps_text()
     assert "records growing from 1 over the first 400 steps" in plan.steps_text()
     trainings = [t for t in build_tasks(tmp_path, plan) if t.name.startswith("train ")]

@@ -29,7 +29,7 @@ from phasekv.mitigate.repair import (
     keep,
     seed_record,
 )
-from phasekv.report.render import render_report
+from phasekv.report.render import _seed_row, render_report
 
 FULL, UNREP = "Full attention · 1 KV", "W8/S4 · 1 KV"
 TIED = "W8/S8 · 2 KV · tied K/V · staggered heads"  # cache 1/8 of Full attention · 1 KV's (1/16 with its KV heads)
@@ -226,6 +226,8 @@ def test_fresh_seeds_are_kept_and_reported_apart():
     assert fresh_text(new["kept"][0]) == ("; at the fresh seeds 50-51 (first used after the design was fixed): "
                                           "2 of 2 meet every goal but the cache, 2 every goal")
     assert fresh_text(new["designs"][0]) == ""
+    row = _seed_row(new["kept"][0])  # the report's seed table
+    assert row[5] == "10 / 10" and row[-1] == "2 of 2 (seeds 50-51)" and _seed_row(new["designs"][0])[-1] == "–"
 
 
 def test_a_design_is_a_label_without_its_seed():
@@ -318,3 +320,13 @@ def test_cli_errors_are_one_line(study, tmp_path):
     assert r.exit_code != 0 and "no lookup evaluations" in str(r.exception)
     r = CliRunner().invoke(app, ["repair", str(study), "--unrepaired", "W8/S8 · 1 KV", "--bench-reps", "0"])
     assert r.exit_code != 0 and "--unrepaired 'W8/S8 · 1 KV' is not among" in str(r.exception)
+
+
+def test_a_design_flat_at_every_seed_with_too_large_a_cache_is_counted_apart():
+    """W3/S2 · 1 KV keeps half the reference's cache: flat at every seed, it meets every goal but the cache, and
+    the verdict says so beside the zero that meet every goal."""
+    w3 = "W3/S2 · 1 KV"
+    r = evaluate(_summaries([_row(_seeded(w3, s)) for s in SEEDS]), UNREP)
+    d = next(d for d in r["designs"] if d["design"] == w3)
+    assert d["meeting_seeds"] == [] and d["meeting_but_cache"] == list(SEEDS) and r["repaired"] == []
+    assert f"{w3}: 0 of 8 seeds meet every goal (95% exact interval 0-37%), 8 every goal but the cache;" in r["verdict"]
