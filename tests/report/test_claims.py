@@ -178,3 +178,18 @@ def test_cycling_check_reads_an_undefined_r2_as_not_checkable():
     study = SimpleNamespace(analyses={"cycle": {"w8s8-1kv": SimpleNamespace(summary={"grid": grid})}}, models={})
     (check,) = cycling_checks(study)
     assert check.passed is None and "δ=-1: n/a, δ=+1: 0.91" in check.detail
+
+
+def test_the_plans_repair_designs_are_left_out(study_dir, tmp_path):
+    """A repair design is built to have no weak phase: the claims about the study's compressed models leave it out
+    (a flat W3/S2 · 1 KV would make C1 count a stride without its period), the Repair section checks it."""
+    import json
+    import shutil
+
+    from phasekv.report import load_study
+
+    root = tmp_path / "with-repair"
+    shutil.copytree(study_dir / "eval", root / "eval")
+    (root / "demo.json").write_text(json.dumps({"plan": {"repair_models": [W8S8]}}))
+    f = claims.facts(load_study(root))
+    assert W8S8 not in f.lookup["prefix"] and W8S8 in claims.facts(load_study(study_dir)).lookup["prefix"]
