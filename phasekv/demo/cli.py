@@ -96,6 +96,13 @@ def register(app: typer.Typer) -> None:
         if needle:  # its own chained plan, run in this process (one thread)
             from phasekv.demo.needle import run_needle
 
+            unused = {"--family": family, "--executor": executor != "local", "--device": device != "cpu",
+                      "--dry-run": dry_run, "--rerun": bool(rerun), "--jobs": jobs is not None,
+                      "--preset": preset != STUDY_PRESET}
+            if any(unused.values()):
+                raise ConfigError(f"--needle runs its chains in this process on the CPU at the tiny preset: "
+                                  f"{', '.join(k for k, v in unused.items() if v)} does not apply")
+
             run_needle(out or Path("needle_out"), quick=quick, progress=progress)
             return
         from phasekv.demo.plan import family_plan, study_plan

@@ -63,3 +63,11 @@ def test_quick_needle_study_end_to_end(tmp_path):
     assert (out / "report" / "figures" / "needle-full-1kv.png").is_file()
     md = study_markdown(out)
     assert "## Long context" in md and "| W8/S8 · 1 KV | 127 |" in md
+
+
+def test_needle_study_refuses_options_it_does_not_take(tmp_path):
+    """--needle runs its chains here, on the CPU: a cluster or device option is refused in one line, not ignored."""
+    _mount()
+    r = CliRunner().invoke(app, ["study", "--needle", "--executor", "slurm", "--device", "cuda", "--out", str(tmp_path)])
+    assert r.exit_code != 0 and "--executor, --device does not apply" in str(r.exception)
+    assert not any(tmp_path.iterdir())
