@@ -129,7 +129,7 @@ def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool 
         for run in chain:
             init = run.options.get("init_from", "")
             if init.endswith(WIDE) and run.status() != "done":  # the previous run, widened to this one's words
-                widen(Path(init.removesuffix(WIDE)), data_tokenizer(run.config().data), Path(init))
+                widen(Path(init.removesuffix(WIDE)), stage_tokenizer(run.options), Path(init))
             if any(r["after"] == "failed" for r in run_runs([run], threads=threads, progress=progress)):
                 raise SystemExit(1)
         em = load(chain[-1].out, device="cpu")
@@ -186,14 +186,18 @@ def curves_figure(chains: list[tuple[str, str, list[SweepRun]]]) -> Figure:
                    Panel(loss, title="training loss", xlabel="step", ylabel="loss", guides=guides)], size=(11, 3.6))
 
 
+def stage_tokenizer(options: dict):
+    """The tokenizer of a stage's data (`phasekv train` options, e.g. STAGES["base"]): the words `widen` widens to."""
+    return data_tokenizer(SweepRun("", "", {**options, "out": ""}).config().data)
+
+
 def widen(source: Path, tok, out: Path) -> Path:
     """`source`'s model with the vocabulary of `tok` (a superset of its own words): every tensor kept, the embedding
     and LM-head rows of the words both know copied by word, the new words' rows as a fresh model initialises them;
-    written to OUT (`PhaseLM.save` and tokenizer.json), a model `phasekv train --init-from` continues. Full attention
-    learns the demo's recall over its 32 keys and names but not over the needle's 528 words (its output layer over
-    every word; docs/results/needle.md), so its chain starts there and widens."""
-    import torch
-
+    written to OUT (`PhaseLM.save` and tokenizer.json, or for a transformers run a save_pretrained directory), a model
+    `phasekv train --init-from` (`--hf-model`) continues. Full attention learns the demo's recall over its 32 keys and
+    names but not over the needle's 528 words (its output layer over every word; docs/results/needle.md), so its chain
+    starts there and widens (DeepSeek-V4's too)."""
     from phasekv.data.tokenizer import save_tokenizer
     from phasekv.model.transformer import PhaseLM
     from phasekv.train.run import load_run
@@ -202,18 +206,51 @@ def widen(source: Path, tok, out: Path) -> Path:
     if (out / "tokenizer.json").is_file():
         return out
     model, old = load_run(source, hf_tokenizer=False)
-    torch.manual_seed(model.config.seed)
-    wide = PhaseLM(model.config.replace(vocab_size=tok.get_vocab_size()))
-    state, new = model.state_dict(), wide.state_dict()
     rows = [(i, old.token_to_id(w)) for w, i in tok.get_vocab().items() if old.token_to_id(w) is not None]
-    dst, src = torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows])
-    for name, t in state.items():
-        if new[name].shape == t.shape:
-            new[name] = t
-        else:  # vocabulary-sized: the embedding (and an untied LM head)
-            new[name][dst] = t[src]
-    wide.load_state_dict(new)
     out.mkdir(parents=True, exist_ok=True)
-    wide.save(out)
+    if isinstance(model, PhaseLM):
+        _widen_phaselm(model, rows, tok.get_vocab_size()).save(out)
+    else:
+        _widen_hf(model, rows).save_pretrained(out)
     save_tokenizer(tok, out / "tokenizer.json")
     return out
+
+
+def _moved(old, fresh, rows: list[tuple[int, int]]):
+    """`fresh` (vocabulary-sized rows) with row dst := `old`'s row src for each (dst, src) of `rows`."""
+    import torch
+
+    new = fresh.detach().clone()
+    new[torch.tensor([r[0] for r in rows])] = old.detach()[torch.tensor([r[1] for r in rows])]
+    return new
+
+
+def _widen_phaselm(model, rows: list[tuple[int, int]], vocab_size: int):
+    import torch
+
+    from phasekv.model.transformer import PhaseLM
+
+    torch.manual_seed(model.config.seed)
+    wide = PhaseLM(model.config.replace(vocab_size=vocab_size))
+    new = wide.state_dict()
+    for name, t in model.state_dict().items():  # vocabulary-sized (the embedding, an untied LM head) when they differ
+        new[name] = t if new[name].shape == t.shape else _moved(t, new[name], rows)
+    wide.load_state_dict(new)
+    return wide
+
+
+def _widen_hf(model, rows: list[tuple[int, int]]):
+    """A transformers model's embedding and LM head (each once when tied) re-indexed by word in place; its
+    vocab_size (the config's, at least every tokenizer's) is kept."""
+    import torch
+
+    from phasekv.train.build import DEFAULT_SEED
+    from phasekv.train.hfmodel import new_hf_model
+
+    fresh = new_hf_model(model.config, DEFAULT_SEED)
+    pairs = {id(get(model).weight): (get(model).weight, get(fresh).weight)
+             for get in (lambda m: m.get_input_embeddings(), lambda m: m.get_output_embeddings())}
+    with torch.no_grad():
+        for weight, fresh_weight in pairs.values():
+            weight.copy_(_moved(weight, fresh_weight, rows))
+    return model

@@ -27,7 +27,7 @@ class TrainConfig:
     init_from: str | None = None  # start from these weights (run dir or model dir); fresh optimizer and data
     seed: int | None = None  # model init + data order; None = the seed in the model name (42 by default)
     hf_config: str | None = None  # train a transformers causal LM of this config.json instead of --arch/--preset
-    hf_model: str | None = None  # continue training this Hugging Face model directory's weights (fresh optimizer)
+    hf_model: str | None = None  # continue training this Hugging Face model directory's (or HF run's) weights, fresh optimizer
     # --- how long ---
     steps: int = 0  # optimizer steps (0: from `tokens`, else 1600: the tiny recall recipe)
     tokens: int = 0  # alternative to `steps`: total training tokens (rounded up to whole steps)

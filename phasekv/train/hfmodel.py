@@ -1,5 +1,6 @@
 """Training any `transformers` causal LM with phasekv's data, loop and checkpoints (`phasekv train --hf-config
-config.json`, or `--hf-model DIR` to continue from weights).
+config.json`, or `--hf-model DIR` to continue from weights: a save_pretrained directory or a previous run, so
+runs chain as `--init-from` chains PhaseLM runs).
 
 The model is built with `AutoModelForCausalLM.from_config` under the run seed (fp32), or loaded from a local
 safetensors directory. Each checkpoint is a `save_pretrained` directory (config.json + model.safetensors)
@@ -20,6 +21,7 @@ from torch import nn
 
 from phasekv.data.tokenizer import to_hf
 from phasekv.errors import CheckpointError, ConfigError
+from phasekv.train.checkpoint import CKPT_DIR, latest_checkpoint
 
 
 @dataclass
@@ -65,10 +67,24 @@ def new_hf_model(hf_config, seed: int) -> nn.Module:
     return model.float()
 
 
+def hf_weights_dir(directory: str | Path) -> Path:
+    """`directory` itself (a save_pretrained directory), or a `--hf-config` / `--hf-model` run's latest complete
+    checkpoint: each stage of a chain of runs continues the previous run's output."""
+    p = Path(directory)
+    if not (p / CKPT_DIR).is_dir():
+        return p
+    ckpt = latest_checkpoint(p)
+    if ckpt is None:
+        raise CheckpointError(f"--hf-model: {p}: training run has no complete checkpoint yet")
+    return ckpt
+
+
 def load_hf_model(directory: str | Path) -> nn.Module:
-    """The weights of a local Hugging Face causal LM directory (safetensors only, no remote code), in fp32."""
+    """The weights of a local Hugging Face causal LM directory or of a run's latest checkpoint (safetensors only, no
+    remote code), in fp32."""
     from transformers import AutoModelForCausalLM
 
+    directory = hf_weights_dir(directory)
     try:
         model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, use_safetensors=True,
                                                      trust_remote_code=False)

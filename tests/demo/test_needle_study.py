@@ -3,6 +3,7 @@ It checks the plumbing, not the effect: models this small and this briefly train
 
 import json
 
+import torch
 from typer.testing import CliRunner
 
 from phasekv.cli import _mount, app
@@ -71,3 +72,28 @@ def test_needle_study_refuses_options_it_does_not_take(tmp_path):
     r = CliRunner().invoke(app, ["study", "--needle", "--executor", "slurm", "--device", "cuda", "--out", str(tmp_path)])
     assert r.exit_code != 0 and "--executor, --device does not apply" in str(r.exception)
     assert not any(tmp_path.iterdir())
+
+
+def test_widen_a_transformers_run_copies_rows_by_word(tmp_path):
+    """DeepSeek-V4's chain widens as full attention's: the rows of the words both tokenizers know, by word."""
+    from phasekv.data.tokenizer import load_tokenizer
+    from phasekv.demo.needle import DEMO, stage_tokenizer, widen
+    from phasekv.train import load_run, train
+    from phasekv.train.hfmodel import load_hf_model
+    from tests.hf.tiny import v4_config, write_config
+
+    cfg = write_config(v4_config(vocab=528), tmp_path / "config.json")
+    run = tmp_path / "demo"
+    train(hf_config=str(cfg), out=str(run), data="recall", recall=DEMO["recall"], steps=1, batch_size=2, seq_len=48,
+          val_every=0, gate_steps="none", progress=False, threads=1)
+    tok = stage_tokenizer(STAGES["base"])
+    wide = widen(run, tok, tmp_path / "wide")
+    (old, old_tok), new = load_run(run, hf_tokenizer=False), load_hf_model(wide)
+    assert load_tokenizer(wide / "tokenizer.json").get_vocab() == tok.get_vocab()
+    shared = [w for w in old_tok.get_vocab() if tok.token_to_id(w) is not None]
+    assert len(shared) > 64 and tok.get_vocab_size() > old_tok.get_vocab_size()  # the demo's words and the needle's
+    for get in (lambda m: m.get_input_embeddings().weight, lambda m: m.get_output_embeddings().weight):
+        for w in shared[:: 7]:
+            assert torch.equal(get(new)[tok.token_to_id(w)], get(old)[old_tok.token_to_id(w)])
+    rest = {k: v for k, v in new.state_dict().items() if "embed" not in k and "lm_head" not in k}
+    assert rest and all(torch.equal(v, old.state_dict()[k]) for k, v in rest.items())

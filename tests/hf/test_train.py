@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from phasekv.errors import CheckpointError, ConfigError
 from phasekv.train import load_run, train
 from phasekv.train.checkpoint import latest_checkpoint
+from phasekv.train.hfmodel import hf_weights_dir, load_hf_model
 from tests.hf.tiny import qwen3_config, v4_config, write_config
 from tests.train.helpers import FAST, final_weights, kill_at_first_checkpoint, phasekv
 
@@ -39,6 +40,10 @@ def test_v4_run_writes_save_pretrained_checkpoints_and_gate_snapshots(v4_json, t
     # continue from its weights with a fresh optimizer
     s2 = train(hf_model=str(ckpt), out=str(tmp_path / "more"), steps=1, val_every=0, gate_steps="none", **OPTS)
     assert s2["name"] == f"deepseek_v4:{ckpt.name}"
+    # or from the run itself (its latest checkpoint): a chain of runs, each continuing the one before
+    assert hf_weights_dir(out) == ckpt and torch.equal(load_hf_model(out).eval()(ids).logits, hf(ids).logits)
+    s3 = train(hf_model=str(out), out=str(tmp_path / "chained"), steps=1, val_every=0, gate_steps="none", **OPTS)
+    assert s3["name"] == f"deepseek_v4:{out.name}" and s3["steps"] == 1
 
 
 def test_sigkill_then_resume_is_bitwise_identical(v4_json, tmp_path):
@@ -79,5 +84,8 @@ def test_configs_it_cannot_train_give_one_line_errors(tmp_path):
         train(hf_config=str(small), hf_model=str(tmp_path), out=str(tmp_path / "d"), steps=1, **OPTS)
     with pytest.raises(CheckpointError, match="--hf-model"):
         train(hf_model=str(tmp_path), out=str(tmp_path / "e"), steps=1, **OPTS)
+    (tmp_path / "unfinished" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match="--hf-model: .*no complete checkpoint"):
+        train(hf_model=str(tmp_path / "unfinished"), out=str(tmp_path / "g"), steps=1, **OPTS)
     r = phasekv("train", "--hf-config", str(tmp_path / "missing.json"), "--out", str(tmp_path / "f"))
     assert r.returncode != 0 and "not found" in r.stderr and "Traceback" not in r.stderr
