@@ -114,25 +114,37 @@ def _exact_lo(t, t0, S, END0, LOCAL, TAIL: tl.constexpr):
 
 # ---- forward ----
 @triton.jit
+def _key_tile(kp, vp, hp, s_kn, start, hi, t, t0, ENTRY: tl.constexpr, MASK: tl.constexpr,
+              HAS_HOLDS: tl.constexpr, S, END0, LOCAL, TAIL: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+              D: tl.constexpr):
+    """The BN keys and values from `start` (k, v at kp, vp; none at or past hi), and which (query at t, key)
+    pairs count: the key exists and, with MASK, the query sees it and, with HAS_HOLDS, the entry holds a window."""
+    offs_n = start + tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    ok = offs_n < hi
+    tile = offs_n[:, None] * s_kn + offs_d[None, :]
+    k = tl.load(kp + tile, mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (BN, BD)
+    v = tl.load(vp + tile, mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (BN, BD)
+    keep = ok[None, :]  # (1, BN), broadcast to (BM, BN) below
+    if MASK:
+        keep = keep & _sees(t[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL, TAIL)
+    if HAS_HOLDS:
+        keep = keep & (tl.load(hp + offs_n, mask=ok, other=0) != 0)[None, :]
+    return k, v, keep
+
+
+@triton.jit
 def _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kn, lo, hi, t0, qk_scale,
                ENTRY: tl.constexpr, MASK: tl.constexpr, HAS_HOLDS: tl.constexpr, S,
                END0, LOCAL, TAIL: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
                PREC: tl.constexpr):
     """Online softmax of queries q (BM, BD) at t (BM,) over keys lo..hi-1 (k, v at kp, vp). MASK False: every
     query sees every one of them and lo..hi-1 are whole tiles, so no score is masked (unless by `holds`)."""
-    offs_d = tl.arange(0, BD)
     for start in range(lo, hi, BN):
-        offs_n = start + tl.arange(0, BN)
-        ok = offs_n < hi
-        k = tl.load(kp + offs_n[:, None] * s_kn + offs_d[None, :], mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)
-        v = tl.load(vp + offs_n[:, None] * s_kn + offs_d[None, :], mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)
+        k, v, keep = _key_tile(kp, vp, hp, s_kn, start, hi, t, t0, ENTRY, MASK, HAS_HOLDS, S, END0, LOCAL, TAIL,
+                               BN, BD, D)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # (BM, BN), log2 units
         if MASK or HAS_HOLDS:
-            keep = ok[None, :]
-            if MASK:
-                keep = keep & _sees(t[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL, TAIL)
-            if HAS_HOLDS:
-                keep = keep & (tl.load(hp + offs_n, mask=ok, other=0) != 0)[None, :]
             s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -192,20 +204,12 @@ def _dq_tiles(dq, q, do, lse, delta, t, kp, vp, hp, s_kn, lo, hi, t0, qk_scale,
               ENTRY: tl.constexpr, MASK: tl.constexpr, HAS_HOLDS: tl.constexpr, S,
               END0, LOCAL, TAIL: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
               PREC: tl.constexpr):
-    offs_d = tl.arange(0, BD)
     for start in range(lo, hi, BN):
-        offs_n = start + tl.arange(0, BN)
-        ok = offs_n < hi
-        k = tl.load(kp + offs_n[:, None] * s_kn + offs_d[None, :], mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)
-        v = tl.load(vp + offs_n[:, None] * s_kn + offs_d[None, :], mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)
+        k, v, keep = _key_tile(kp, vp, hp, s_kn, start, hi, t, t0, ENTRY, MASK, HAS_HOLDS, S, END0, LOCAL, TAIL,
+                               BN, BD, D)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         p = tl.exp2(s - lse[:, None])  # (BM, BN)
-        if MASK or HAS_HOLDS:  # as in `_fwd_tiles`
-            keep = ok[None, :]
-            if MASK:
-                keep = keep & _sees(t[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL, TAIL)
-            if HAS_HOLDS:
-                keep = keep & (tl.load(hp + offs_n, mask=ok, other=0) != 0)[None, :]
+        if MASK or HAS_HOLDS:
             p = tl.where(keep, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = p * (dp - delta[:, None])
