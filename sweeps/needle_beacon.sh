@@ -3,9 +3,9 @@
 # 1,024 tokens"): full attention's chain of `phasekv study --needle` up to its 256-token stage (the study's own
 # plan and code: demo, widen, base, 256), then Beacon continuing `full-1kv-256` as a design change (--init-from
 # with --arch) through the 256- and 1,024-token stages' recipes (600 steps each), then its needle audit at 1x
-# (and 2x) the training length, and its lookup at w = 32 (546-token prompts: 190 target positions for mod 64,
+# (2x, 4x) the training length, and its lookup at w = 32 (546-token prompts: 190 target positions for mod 64,
 # the lookup's prefix padding and the in-sequence padding the model trained with). One thread; finished trainings
-# are kept (the evaluations rerun). CPU times in OUT/times.txt. ~44 CPU-minutes. Usage: sweeps/needle_beacon.sh [OUT]
+# are kept (the evaluations rerun). CPU times in OUT/times.txt. ~73 CPU-minutes. Usage: sweeps/needle_beacon.sh [OUT]
 set -euo pipefail
 OUT=${1:-needle49}; BIN=${BIN:-.venv/bin}; R=$OUT/runs; B="Beacon r8 · window 32 · 1 KV"
 export OMP_NUM_THREADS=1
@@ -32,7 +32,7 @@ stage() {  # OUT_NAME INIT SEQ STEPS BATCH LR VAL_SEQUENCES CURRICULUM
 }
 stage beacon-256 full-1kv-256 256 600 32 2e-3 128 12800   # the 256-token stage's recipe (STAGES["256"])
 stage beacon-1024 beacon-256 1024 600 16 1e-3 64 1600     # the 1,024-token stage's recipe (STAGES["1024"])
-for ctx in 1023 2047; do  # the audit exits 3 on a gap: keep going
+for ctx in 1023 2047 4095; do  # exit 3 (a gap) or 4 (4x: no retrieval): keep going
   t "audit-$ctx" "$BIN/phasekv" audit --model "$R/beacon-1024" --task needle --context $ctx --per-group 256 --batch-size 8 \
     --out "$OUT/audit-$ctx" || echo "audit at $ctx: exit $?"
 done
