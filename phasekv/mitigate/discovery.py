@@ -78,6 +78,10 @@ def pick(name: str | None, flag: str, cfgs: dict, auto, default_name: str | None
                                                     and m == cfgs[m].name)]
         if not matches:
             raise ConfigError(f"{flag} {name!r} is not among the compared models: {', '.join(cfgs)}")
+        twins = [m for m in cfgs if m.startswith(f"{matches[0]} (")]  # one name trained two ways (`_summaries`)
+        if twins:
+            raise ConfigError(f"{flag} {name!r} names {len(twins) + 1} models: {', '.join([matches[0], *twins])}; "
+                              f"name one with its directory in parentheses, as listed")
         return matches[0]
     if default_name is not None:
         return default_name if default_name in cfgs else None

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from phasekv import ModelConfig, PhaseLM
 from phasekv.data.tokenizer import build_word_tokenizer
+from phasekv.errors import ConfigError
 from phasekv.eval.ensemble import phase_ensemble
 from phasekv.eval.models import load
 from phasekv.eval.prompts import lookup_config
@@ -99,6 +100,10 @@ def test_one_name_trained_two_ways_is_labelled_by_directory(evals, tmp_path):
     assert [r["label"] for r in s["models"]] == ["Full attention · 1 KV", "W4/S4 · 1 KV",
                                                  "W4/S4 · 1 KV (w4s4-1kv-other-data)"]
     assert s["models"][2]["model"] == "W4/S4 · 1 KV" and s["models"][2]["cache_rel"] == s["models"][1]["cache_rel"]
+    with pytest.raises(ConfigError, match=r"--baseline 'W4/S4 · 1 KV' names 2 models: .*\(w4s4-1kv-other-data\)"):
+        compare([dirs[0], dirs[1], twin], bench=Bench(reps=0), baseline="W4/S4 · 1 KV")  # which one: not a guess
+    s = compare([dirs[0], dirs[1], twin], bench=Bench(reps=0), baseline="W4/S4 · 1 KV (w4s4-1kv-other-data)")
+    assert s["baseline"] == "W4/S4 · 1 KV (w4s4-1kv-other-data)"
 
 
 def test_cache_against_the_reference_and_against_the_same_kv_heads():
