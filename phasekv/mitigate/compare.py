@@ -29,7 +29,7 @@ from phasekv.eval.run import json_default, versions
 from phasekv.io import write_figure, write_json, write_parquet
 from phasekv.mitigate.cost import Bench, add_costs
 from phasekv.mitigate.criteria import acceptance, mark_pareto
-from phasekv.mitigate.discovery import find_summary, mitigations, model_config, pick, run_info
+from phasekv.mitigate.discovery import find_summary, mitigations, model_config, pick, run_info, twin_label
 
 SCHEMA = "phasekv.compare/1"
 ROW_FIELDS = [  # the per-model record of summary.json["models"] and the columns of results.parquet
@@ -86,7 +86,7 @@ def _summaries(paths: list[Path], protocol: str | None) -> list[tuple[Path, dict
     seen: set[str] = set()
     for d, s in summaries:  # one name trained two ways (say, another data recipe): the later ones by directory
         if s["model"] in seen:
-            s["model"] = f"{s['model']} ({d.name})"
+            s["model"] = twin_label(s["model"], d.name)
         seen.add(s["model"])
     return summaries
 

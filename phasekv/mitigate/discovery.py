@@ -72,13 +72,23 @@ def mitigations(cfg: ModelConfig | None, k: int, baseline: ModelConfig | None) -
     return out
 
 
+def twin_label(model: str, directory: str) -> str:
+    """The label of a model whose name an earlier evaluation already has (one name trained two ways)."""
+    return f"{model} ({directory})"
+
+
+def is_twin(label: str, model: str) -> bool:
+    """Whether `label` is `twin_label(model, some directory)`."""
+    return label.startswith(f"{model} (") and label.endswith(")")
+
+
 def pick(name: str | None, flag: str, cfgs: dict, auto, default_name: str | None = None) -> str | None:
     if name is not None:
         matches = [m for m in cfgs if m == name or (cfgs[m] is not None and _same_name(cfgs[m], name)
                                                     and m == cfgs[m].name)]
         if not matches:
             raise ConfigError(f"{flag} {name!r} is not among the compared models: {', '.join(cfgs)}")
-        twins = [m for m in cfgs if m.startswith(f"{matches[0]} (")]  # one name trained two ways (`_summaries`)
+        twins = [m for m in cfgs if is_twin(m, matches[0])]
         if twins:
             raise ConfigError(f"{flag} {name!r} names {len(twins) + 1} models: {', '.join([matches[0], *twins])}; "
                               f"name one with its directory in parentheses, as listed")
