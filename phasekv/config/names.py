@@ -10,7 +10,7 @@ import re
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-from phasekv.errors import ModelNameError
+from phasekv.errors import ConfigError, ModelNameError
 
 if TYPE_CHECKING:
     from phasekv.config.model import ModelConfig
@@ -244,3 +244,46 @@ PAPER_GRID: list[str] = [
     "W8/S8 · 1 KV · RoPE on 16 dims", "W8/S8 · 1 KV · uncompressed tail", "W8/S8 · 8 KV · uncompressed tail",
     "DeepSeek-style kernel", "DeepSeek-style kernel · scalar gates",
 ]
+
+
+
+# --- seeds: a model trained at several seeds is one design; its paper name carries `· seed N` (none at the default)
+_SEED = next(i for i, n in enumerate(NUMBERED) if n[4] == "seed")
+_AFTER_SEED = [re.compile(n[1], re.IGNORECASE) for n in NUMBERED[_SEED + 1:]]  # attributes printed after the seed
+
+
+def _is_seed(part: str) -> bool:
+    return re.fullmatch(NUMBERED[_SEED][1], part.strip(), re.IGNORECASE) is not None
+
+
+def seed_of(name: str) -> int:
+    """The seed a paper name or alias states (the default, 42, when it states none)."""
+    return parse_name(name).get("seed", DEFAULTS["seed"])
+
+
+def unseeded(name: str) -> str:
+    """A paper name without its seed part: the design its seeds are replicates of."""
+    return SEP.join(p for p in name.split(SEP) if not _is_seed(p))
+
+
+def at_seed(name: str, seed: int) -> str:
+    """The paper name `name` at `seed`, its seed part where `format_name` prints it (none at the default)."""
+    parts = unseeded(name).split(SEP)
+    if seed == DEFAULTS["seed"]:
+        return SEP.join(parts)
+    at = next((i for i, p in enumerate(parts) if i and any(r.fullmatch(p.strip()) for r in _AFTER_SEED)), len(parts))
+    return SEP.join([*parts[:at], f"seed {seed}", *parts[at:]])
+
+
+def check_seeds(seeds: list[int]) -> list[int]:
+    """`seeds` when they are one or more distinct integers >= 0, else a one-line error."""
+    if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+        raise ConfigError(f"seeds {', '.join(map(str, seeds)) or '(none)'}: give one or more distinct seeds >= 0")
+    return seeds
+
+
+def at_seeds(models: list[str], seeds: list[int]) -> list[str]:
+    """Every design of `models` (paper names; each design once, in order) at each of `seeds`, seed by seed."""
+    check_seeds(seeds)
+    designs = list(dict.fromkeys(unseeded(m) for m in models))
+    return [at_seed(m, s) for s in seeds for m in designs]

@@ -13,6 +13,7 @@ kept.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,9 @@ import pandas as pd
 from rich.console import Console
 
 from phasekv.config import ModelConfig
+from phasekv.config.names import DEFAULTS, at_seed, at_seeds, seed_of, unseeded
 from phasekv.data.sources import data_tokenizer
+from phasekv.demo.plan import gathered
 from phasekv.eval.figure import PALETTE, Figure, Guide, Panel, Trace, to_png
 from phasekv.eval.models import load
 from phasekv.eval.report import profile_rows, residue_figure
@@ -85,6 +88,13 @@ class NeedlePlan:
     #   steps where W8/S8 from its own base had 45%; from its 256-token model: 0.4% at 1,024 tokens after 100)
     control_stride: int = 8  # period the full-attention control is tested at (the compressed models' largest)
     margin: float = FLAT_MARGIN  # the audit's flat margin δ (the flat rule's default)
+    seeds: list[int] = field(default_factory=lambda: [DEFAULTS["seed"]])  # every chain at each seed (`--seeds`):
+    #   `models` holds each model once per seed, its name carrying `· seed N` (none at 42); `own` and `continues` are
+    #   keyed by the model at any seed
+
+    def at_seeds(self, seeds: list[int]) -> NeedlePlan:
+        """This plan with every model's chain at each of `seeds` (`phasekv.config.names.at_seeds`)."""
+        return dataclasses.replace(self, seeds=list(seeds), models=at_seeds(self.models, seeds))
 
     @property
     def train_len(self) -> int:
@@ -95,11 +105,12 @@ class NeedlePlan:
         chains = []
         for model in self.models:
             alias, chain, init = ModelConfig.from_name(model).alias, [], None
-            stages = self.own.get(model, self.stages)
+            stages = self.own.get(unseeded(model), self.stages)
             tags = list(stages)
-            if model in self.continues:
-                source, stage = self.continues[model]
-                tags, init = tags[tags.index(stage) + 1:], root / f"{ModelConfig.from_name(source).alias}-{stage}"
+            if unseeded(model) in self.continues:
+                source, stage = self.continues[unseeded(model)]
+                source = ModelConfig.from_name(at_seed(source, seed_of(model))).alias
+                tags, init = tags[tags.index(stage) + 1:], root / f"{source}-{stage}"
             for tag in tags:
                 options = dict(stages[tag])
                 init = chain[-1].out if chain else init
@@ -120,10 +131,13 @@ def plan_for(quick: bool) -> NeedlePlan:
 
 
 def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool = True,
-               plan: NeedlePlan | None = None) -> dict:
+               plan: NeedlePlan | None = None, seeds: list[int] | None = None) -> dict:
     """Train each model's chain, then audit its needle at each length, model by model (finished runs and audits
-    are kept); returns (and writes) OUT/needle.json, OUT/needle.md and the figures."""
-    plan, out = plan or plan_for(quick), Path(out)
+    are kept); returns (and writes) OUT/needle.json, OUT/needle.md and the figures. `seeds`: every chain at each
+    of them besides the seeds OUT/needle.json already holds."""
+    out = Path(out)
+    plan = plan or plan_for(quick)
+    plan = gathered(plan, (kept(out / "needle.json") or {}).get("seeds", []), seeds)
     rows, profiles, chains = [], [], plan.runs(out / "runs")
     for model, alias, chain in chains:
         for run in chain:
@@ -143,7 +157,8 @@ def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool 
             if k == 1:
                 s = json.loads((Path(v["evaluation"]) / "summary.json").read_text())
                 profiles.append(profile_rows(alias, model, s, em.stride or plan.control_stride))
-    result = {"mode": plan.mode, "train_len": plan.train_len, "stages": plan.stages, "controls": rows}
+    result = {"mode": plan.mode, "train_len": plan.train_len, "stages": plan.stages, "seeds": plan.seeds,
+              "controls": rows}
     write_json(out / "needle.json", result, default=json_default)
     (out / "needle.md").write_text(table(rows), encoding="utf-8")
     to_png(curves_figure(chains), out / "curves.png")

@@ -6,8 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from phasekv.config import ModelConfig
-from phasekv.config.names import PAPER_GRID, parse_name
+from phasekv.config import ModelConfig, names
 
 STUDY_PRESET = "tiny-8h"  # the study's backbone: every run of the grid is valid on it (8 KV heads need 8 query heads)
 
@@ -27,6 +26,9 @@ class DemoPlan:
     #     [21.0, 28.6], period 8, p = 0.0001; at 1,000 steps still at chance, mean 6.8, period 1; at lr 6e-3 its
     #     loss was no lower, at batch 32 it stayed at ~2.3 through 3,200 steps): 23% of the six models' CPU.
     #   - W6/S6 · 1 KV (C1's third stride; 600 steps: gap 97.4 [95.7, 99.1], period 6): 13% of the five's.
+    seeds: list[int] = field(default_factory=lambda: [names.DEFAULTS["seed"]])  # the seeds each model is trained at
+    #   (weights and data; `--seed`, `--seeds`): `models` holds each model once per seed, its name carrying
+    #   `· seed N` (none at 42), and the report reads every claim at each seed (`at_seeds`)
     preset: str = "tiny"
     # --- training (phasekv train on synthetic associative recall: 2-16 records over 32 keys and 32 names, queries
     #     drawn with replacement, every record followed by 1-4 filler words; measured, see README) ---
@@ -107,15 +109,23 @@ class DemoPlan:
     #   this one): the verdict says at how many of them the design the demo trains, trained the same way, met every
     #   goal, and every goal but the cache
 
+    def at_seeds(self, seeds: list[int]) -> DemoPlan:
+        """This plan with every model at each of `seeds` (`phasekv.config.names.at_seeds`)."""
+        return dataclasses.replace(self, seeds=list(seeds), models=names.at_seeds(self.models, seeds))
+
     def _own(self, model: str) -> dict:
-        """`per_model`'s settings of `model` (any spelling of a name: paper name or alias)."""
-        own = {tuple(sorted(parse_name(m).items())): o for m, o in self.per_model.items()}
-        return own.get(tuple(sorted(parse_name(model).items())), {})
+        """`per_model`'s settings of `model` (any spelling of a name: paper name or alias; at any seed)."""
+        own = {_design(m): o for m, o in self.per_model.items()}
+        return own.get(_design(model), {})
 
     def training_of(self, model: str) -> dict:
-        """{"steps", "batch_size", "lr"} of `model`, and "init_from" (a model of the plan it continues) if any."""
+        """{"steps", "batch_size", "lr"} of `model`, and "init_from" (a model of the plan it continues, at
+        `model`'s seed) if any."""
         base = {"steps": self.steps, "batch_size": self.batch_size, "lr": self.lr}
-        return base | {k: v for k, v in self._own(model).items() if k != "recall"}
+        own = {k: v for k, v in self._own(model).items() if k != "recall"}
+        if "init_from" in own:
+            own["init_from"] = names.at_seed(own["init_from"], names.seed_of(model))
+        return base | own
 
     def recall_of(self, model: str) -> dict:
         """The recall data settings `model` trains on: the plan's, its record curriculum (counted in examples),
@@ -143,8 +153,8 @@ class DemoPlan:
         model are among its models."""
         if not self.repair_unrepaired:
             return False
-        cfgs = {c.name: c for c in (ModelConfig.from_name(m, preset=self.preset) for m in self.models)}
-        return self.repair_unrepaired in cfgs and any(not c.compressed for c in cfgs.values())
+        cfgs = {_design(c.name): c for c in (ModelConfig.from_name(m, preset=self.preset) for m in self.models)}
+        return _design(self.repair_unrepaired) in cfgs and any(not c.compressed for c in cfgs.values())
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -221,11 +231,23 @@ def study_plan(quick: bool, preset: str = STUDY_PRESET) -> DemoPlan:
     learns in it; full attention too: at a shorter budget it can miss the lookup, measured above). The study was
     measured without the demo's record curriculum, and keeps that recipe."""
     demo = plan_for(quick)
-    return dataclasses.replace(demo, kind="study", models=list(PAPER_GRID), preset=preset,
+    return dataclasses.replace(demo, kind="study", models=list(names.PAPER_GRID), preset=preset,
                                steps=demo.steps if quick else STUDY_STEPS, curriculum=0,
                                recall=demo.recall | STUDY_RECALL, per_model={}, repair_unrepaired=None,
                                repair_models=[],
                                **(STUDY_QUICK if quick else {}))
+
+
+def gathered(plan, held: list[int], asked: list[int] | None):
+    """`plan` (a DemoPlan or NeedlePlan) at the seeds a directory holds, `held`, with the seeds `asked` for added
+    (`--seed`, `--seeds`); none held or asked: the plan's own."""
+    want = list(dict.fromkeys([*held, *(names.check_seeds(asked) if asked is not None else [])])) or plan.seeds
+    return plan if want == plan.seeds else plan.at_seeds(want)
+
+
+def _design(model: str) -> tuple:
+    """A model's name as the attributes it states, its seed left out: the design its seeds are replicates of."""
+    return tuple(sorted((k, v) for k, v in names.parse_name(model).items() if k != "seed"))
 
 
 def _setting(key: str, value) -> str:

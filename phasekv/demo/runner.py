@@ -24,8 +24,9 @@ import torch
 from phasekv import __version__
 from phasekv.attention.compressor import cyclable
 from phasekv.config import ModelConfig
+from phasekv.config.names import unseeded
 from phasekv.demo import stages
-from phasekv.demo.plan import STUDY_PRESET, DemoPlan, family_plan, plan_for, study_plan
+from phasekv.demo.plan import STUDY_PRESET, DemoPlan, family_plan, gathered, plan_for, study_plan
 from phasekv.errors import ConfigError, PhaseKVError
 from phasekv.eval.protocols import LOOKUP, PROTOCOLS
 from phasekv.io import write_json
@@ -143,12 +144,21 @@ def rerun_names(plan: DemoPlan, rerun: list[str]) -> list[str]:
 
 
 def _settings_besides(plan: dict, names: list[str]) -> dict:
-    """A plan's settings (`DemoPlan.to_dict`) without the `per_model` entries of the models `names`: what must
-    not change when only those models are re-run."""
+    """A plan's settings (`DemoPlan.to_dict`) without the `per_model` entries of the models `names` and without its
+    seeds (its models as designs): what must not change when only those models are re-run or seeds are added."""
     preset = plan.get("preset", "tiny")
     own = {m: o for m, o in plan.get("per_model", {}).items()
            if ModelConfig.from_name(m, preset=preset).name not in names}
-    return {**plan, "per_model": own}
+    designs = list(dict.fromkeys(unseeded(m) for m in plan.get("models", [])))
+    return {**plan, "per_model": own, "models": designs, "seeds": None}
+
+
+def plan_at(root: Path, plan: DemoPlan, seeds: list[int] | None = None) -> DemoPlan:
+    """`plan` at the seeds the study directory `root` already holds (none there: the plan's own) with `seeds`
+    (`--seed`, `--seeds`) added: one directory gathers a plan's seeds."""
+    manifest = Layout(root).manifest
+    held = DemoPlan.from_dict(json.loads(manifest.read_text())["plan"]).seeds if manifest.is_file() else []
+    return gathered(plan, held, seeds)
 
 
 def task_output(task: Task, lay: Layout) -> Path:
@@ -226,7 +236,7 @@ def _write_manifest(root: Path, manifest: dict) -> None:
 
 def run_demo(out: str | os.PathLike = "demo_out", quick: bool = False, **runtime) -> dict:
     """Run (or resume) the demo into `out`, then render `out/report/index.html`; returns the manifest. `runtime`:
-    `run_plan`'s options (jobs, progress, report, rerun, device, cluster)."""
+    `run_plan`'s options (seeds, jobs, progress, report, rerun, device, cluster)."""
     return run_plan(out, plan_for(quick), **runtime)
 
 
@@ -254,19 +264,21 @@ def check_device(device: str, local: bool) -> None:
 
 def run_plan(out: str | os.PathLike, plan: DemoPlan, jobs: int | None = None, progress: bool = True,
              report: bool = True, rerun: list[str] = (), device: str = "cpu",
-             cluster: SlurmOptions | None = None) -> dict:
-    """Run (or resume) `plan` into `out`, then render `out/report/index.html`; returns the manifest. `rerun`: models
+             cluster: SlurmOptions | None = None, seeds: list[int] | None = None) -> dict:
+    """Run (or resume) `plan` into `out`, then render `out/report/index.html`; returns the manifest. `seeds`: every
+    model at each of them besides the seeds `out` already holds (`plan_at`). `rerun`: models
     (paper names or aliases) to run again: their trainings and everything computed from them are discarded first
     (`discard`), every other result is kept, and their own settings (`per_model`) may differ from the directory's;
     recorded in the manifest ("reruns"). `device`: where each model is trained, evaluated and analysed. `cluster`:
     each task a SLURM job with these options (`phasekv.study.slurm`) instead of the local pool; without
     `cluster.wait` it returns once every task is queued (the report comes with a later run, once they are done)."""
-    for m in plan.models:  # every model is valid at the plan's backbone before anything runs
-        ModelConfig.from_name(m, preset=plan.preset)
-    rerun = rerun_names(plan, list(rerun))
     root = Path(out)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"--out {root} exists and is not a directory")
+    plan = plan_at(root, plan, seeds)
+    for m in plan.models:  # every model is valid at the plan's backbone before anything runs
+        ModelConfig.from_name(m, preset=plan.preset)
+    rerun = rerun_names(plan, list(rerun))
     check_device(device, local=cluster is None)
     if cluster is not None:
         slurm.check(cluster, root, device)  # before anything is written or submitted

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from phasekv.config import ModelConfig
+from phasekv.config.names import at_seed
 from phasekv.demo.plan import DemoPlan
 from phasekv.eval.models import load
 from phasekv.eval.prompts import RetrievalPrompts
@@ -191,8 +192,9 @@ def repair(plan: dict, root: str) -> dict:
     bench = Bench(batch=8 if quick else p.batch_size, seq_len=32 if quick else p.seq_len, reps=1 if quick else 5,
                   decode_context=64 if quick else 512)
     record = json.loads(Path(__file__).with_name(p.repair_record).read_text()) if p.repair_record else None
-    return run_repair(Path(root), p.repair_unrepaired, bench=bench, goals=Goals(seeds=p.repair_seeds), record=record,
-                      progress=False)
+    seeds = max(p.repair_seeds, min(len(p.seeds), Goals.seeds))  # at several seeds: the seed rule, up to its 8
+    return run_repair(Path(root), at_seed(p.repair_unrepaired, p.seeds[0]), bench=bench, goals=Goals(seeds=seeds),
+                      record=record, progress=False)
 
 
 ON_DEVICE = {train_model, retrieval, flip, knockout, gates, cycle, family}  # the stages that take `device` (a

@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from phasekv.config.names import parse_name
+from phasekv.config.names import DEFAULTS, parse_name, seed_of, unseeded
 from phasekv.errors import ModelNameError
-from phasekv.eval.stats import FLAT, FLAT_MARGIN, NOT_FLAT, flat_rule, flatness
+from phasekv.eval.stats import FLAT, FLAT_MARGIN, NOT_FLAT, clopper_pearson, flat_rule, flatness
 from phasekv.report import published as pub
 from phasekv.report.checks import learned, periodic, repair_aliases
 from phasekv.report.load import Study
 
 REPRODUCED, NOT_REPRODUCED, UNTESTABLE = "reproduced", "not reproduced", "not testable here"
+VARIES = "varies with the seed"  # reproduced at some of the seeds it was tested at, not at others
 PADDING = pub.PROTOCOL[1]  # the verdicts' padding
 FULL_1KV, FULL_8KV, W8S8, W8S4 = "Full attention · 1 KV", "Full attention · 8 KV", "W8/S8 · 1 KV", "W8/S4 · 1 KV"
 STRIDES = (4, 6, 8, 12)  # the strides C1 names
@@ -185,17 +186,14 @@ def within_window(s: dict, stride: int) -> dict:
 def c4(f: Facts) -> Verdict:
     """Phases inside a window (0..S-2) of W8/S8 · 1 KV differ by more than 50 points."""
     ok, left = usable(f)
-    seeds = {n: s for n, s in ok.items() if n == W8S8 or n.startswith(W8S8 + " · seed")}
     if W8S8 not in ok:
         return Verdict("C4", UNTESTABLE, "needs W8/S8 · 1 KV." + _scope(_missing([W8S8], ok, left)))
-    res = {n: within_window(s, 8) for n, s in seeds.items()}
+    res = {W8S8: within_window(ok[W8S8], 8)}
     lo = res[W8S8]["ci"][0]
     verdict = REPRODUCED if lo > WITHIN_WINDOW else NOT_REPRODUCED
     pub_spread = {f"{n}, phases 0..6 span": _r(max(p[:-1]) - min(p[:-1])) for n, p in pub.PHASE_PROFILES.items()}
     reason = (f"{W8S8}: phases 0..6 span {res[W8S8]['spread']} points [{lo}, {res[W8S8]['ci'][1]}] "
-              f"({'above' if verdict == REPRODUCED else 'not above'} {WITHIN_WINDOW:.0f}); other seeds: "
-              + (", ".join(f"{n.split(' · ')[-1]} {r['spread']}" for n, r in res.items() if n != W8S8) or "none run")
-              + ".")
+              f"({'above' if verdict == REPRODUCED else 'not above'} {WITHIN_WINDOW:.0f}).")
     return Verdict("C4", verdict, reason, {"runs": res, "published": pub_spread})
 
 
@@ -329,10 +327,64 @@ def c10(f: Facts) -> Verdict:
 
 
 RULES = (c1, c2, c3, c4, c5, c6, c7, c8, c9, c10)
+SEEDLESS = (c10,)  # claims about the idealised model, not about trained runs: read once, not per seed
+
+
+def by_seed(f: Facts) -> dict[int, Facts]:
+    """The facts of the runs trained at each seed, keyed by their names without it (`· seed N`): each seed's runs
+    are read apart, never a seed's run beside another seed's. The theory checks belong to every seed."""
+    out: dict[int, Facts] = {}
+    for padding, runs in f.lookup.items():
+        for n, s in runs.items():
+            out.setdefault(seed_of(n), Facts(theory=f.theory)).lookup.setdefault(padding, {})[unseeded(n)] = s
+    for key in ("knockout", "gates", "cycle"):
+        for n, s in getattr(f, key).items():
+            getattr(out.setdefault(seed_of(n), Facts(theory=f.theory)), key)[unseeded(n)] = s
+    return dict(sorted(out.items()))
 
 
 def verdicts(f: Facts) -> list[Verdict]:
-    return [rule(f) for rule in RULES]
+    """Every claim's verdict: at one seed, read on its runs; at several, read at each seed and stated once
+    (`over_seeds`)."""
+    seeds = by_seed(f) or {DEFAULTS["seed"]: f}
+    if len(seeds) == 1:
+        (seed, g), = seeds.items()
+        return [rule(f) if rule in SEEDLESS else at_seed_of(rule(g), seed) for rule in RULES]
+    return [rule(f) if rule in SEEDLESS else over_seeds({s: rule(g) for s, g in seeds.items()}) for rule in RULES]
+
+
+def at_seed_of(v: Verdict, seed: int) -> Verdict:
+    """A verdict read at one seed, the seed named where it is not the default (42)."""
+    if seed == DEFAULTS["seed"]:
+        return v
+    return Verdict(v.claim, v.verdict, f"At seed {seed}: {v.reason}", v.evidence | {"seeds": [seed]})
+
+
+def _seed_list(seeds: list[int]) -> str:
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(map(str, seeds))
+
+
+def over_seeds(found: dict[int, Verdict]) -> Verdict:
+    """One claim read at several seeds (seed -> its verdict there), stated once: reproduced at every seed it could be
+    tested at, at none, or VARIES; k of n with an exact (Clopper-Pearson) 95% interval, the failing seeds named with
+    their numbers, the seeds where it could not be tested (a run missing, or one that did not learn) named too."""
+    claim = next(iter(found.values())).claim
+    tested = [s for s, v in found.items() if v.verdict != UNTESTABLE]
+    held = [s for s in tested if found[s].verdict == REPRODUCED]
+    failing, untested = [s for s in tested if s not in held], [s for s in found if s not in tested]
+    evidence = {"seeds": {s: {"verdict": v.verdict, "reason": v.reason, "evidence": v.evidence}
+                          for s, v in found.items()},
+                "reproduced_seeds": held, "failing_seeds": failing, "untestable_seeds": untested}
+    why_not = "".join(f" Not testable at seed {s}: {found[s].reason}" for s in untested)
+    if not tested:
+        return Verdict(claim, UNTESTABLE, f"at none of {len(found)} seeds.{why_not}", evidence)
+    lo, hi = clopper_pearson(len(held), len(tested))
+    verdict = REPRODUCED if not failing else NOT_REPRODUCED if not held else VARIES
+    reason = (f"{len(held)} of {len(tested)} seeds (exact 95% interval {100 * lo:.0f}-{100 * hi:.0f}%)"
+              + (f", at {_seed_list(held)}" if held and failing else "")
+              + "".join(f"; not at seed {s}: {found[s].reason}" for s in failing)
+              + ("." if not failing else "") + why_not)
+    return Verdict(claim, verdict, reason, evidence | {"rate_ci": [lo, hi]})
 
 
 def _cycle_facts(stage) -> dict:

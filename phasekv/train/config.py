@@ -25,7 +25,8 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)  # recall (default), corpus, or a mixture
     out: str = "runs/run"  # run directory (config, tokenizer, metrics, gates, checkpoints)
     init_from: str | None = None  # start from these weights (run dir or model dir); fresh optimizer and data
-    seed: int | None = None  # model init + data order; None = the seed in the model name (42 by default)
+    seed: int | None = None  # model init (and data, unless --data-seed); None = the seed in the model name (42 by default)
+    data_seed: int | None = None  # data order and held-out sequences apart from the weights' seed; None = the run seed
     hf_config: str | None = None  # train a transformers causal LM of this config.json instead of --arch/--preset
     hf_model: str | None = None  # continue training this Hugging Face model directory's (or HF run's) weights, fresh optimizer
     # --- how long ---

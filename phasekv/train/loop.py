@@ -111,6 +111,7 @@ class Trainer:
             raise ConfigError(f"batch_size/grad_accum={self.micro} must be a multiple of the world size {dist.world}")
         self.run_model, tok = model_and_tokenizer(cfg, resuming)
         self.model, self.seed, self.tok = self.run_model.module, self.run_model.seed, tok
+        self.data_seed = self.seed if cfg.data_seed is None else cfg.data_seed  # weights and data varied apart
         if self.run_model.hf and cfg.fsdp:
             raise ConfigError("--fsdp trains phasekv models only; train a Hugging Face model with DDP (no --fsdp)")
         self._streams(tok)
@@ -128,7 +129,7 @@ class Trainer:
 
     def _streams(self, tok) -> None:
         """Train, validation and gate-probe data (rank 0 tokenizes corpora first; the others reuse its shards)."""
-        cfg, seed = self.cfg, self.seed
+        cfg, seed = self.cfg, self.data_seed
         if self.dist.main:
             self.train_stream = build_stream(cfg.data, tok, cfg.seq_len, seed, "train", progress=cfg.progress)
         self.dist.barrier()
@@ -244,7 +245,7 @@ class Trainer:
         summary = {"name": self.run_model.name, "steps": n_steps, "final_loss": self.loss,
                    "tokens": n_steps * clock.tokens_per_step, **clock.session(n_steps),
                    "n_params": sum(p.numel() for p in self.model.parameters()), "out": str(self.out), "seed": self.seed,
-                   "versions": versions("tokenizers"), **validation}
+                   "data_seed": self.data_seed, "versions": versions("tokenizers"), **validation}
         if self.dist.main:
             write_json(self.out / "done.json", summary, default=str)
         self.logs.close()

@@ -83,6 +83,15 @@ def test_periodicity_null_is_calibrated():
     assert 0.02 < np.mean(np.array(ps) < 0.1) < 0.2  # ~10% rejections at level 0.1
 
 
+def test_periodicity_p_value_counts_the_observed_profile_and_is_never_zero():
+    """p = (1 + #{null >= observed}) / (1 + n_perm): a profile no permutation matches gets 1 / (1 + n_perm), not 0,
+    and a constant one (every permutation ties it) gets exactly 1."""
+    prof = np.tile([90.0, 90, 90, 90, 90, 90, 90, 0], 3)  # period 8, the boundary phase lost
+    out = periodicity_test(prof, 8, n_perm=99, seed=0)
+    assert out["p_value"] == pytest.approx(1 / 100) and out["n_perm"] == 99
+    assert periodicity_test(np.full(24, 50.0), 8, n_perm=99)["p_value"] == 1.0
+
+
 def test_fold_consistency_and_power_of_periodic_profile():
     prof = np.tile(np.arange(8.0), 3)
     assert fold_consistency(prof, 8) == 0

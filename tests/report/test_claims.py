@@ -193,3 +193,29 @@ def test_the_plans_repair_designs_are_left_out(study_dir, tmp_path):
     (root / "demo.json").write_text(json.dumps({"plan": {"repair_models": [W8S8]}}))
     f = claims.facts(load_study(root))
     assert W8S8 not in f.lookup["prefix"] and W8S8 in claims.facts(load_study(study_dir)).lookup["prefix"]
+
+
+def test_claims_over_seeds_state_k_of_n_and_name_the_failing_seeds():
+    """A directory with each model at several seeds: each claim read at each seed on that seed's runs only, stated
+    as k of n with the failing seeds named; a seed whose model did not learn is not read (not testable there)."""
+    boundary_only = lookup([50, 52, 55, 50, 52, 48, 50, 5])
+    f = facts(**{W8S8: lookup(PERIODIC), f"{W8S8} · seed 43": lookup(PERIODIC), f"{W8S8} · seed 44": boundary_only,
+                 f"{W8S8} · seed 45": lookup([5.0] * 8), FULL1: lookup(FLAT, 0), f"{FULL1} · seed 43": lookup(FLAT, 0)})
+    assert sorted(claims.by_seed(f)) == [42, 43, 44, 45]
+    assert set(claims.by_seed(f)[43].lookup["prefix"]) == {W8S8, FULL1}  # names without the seed
+    c4 = next(v for v in claims.verdicts(f) if v.claim == "C4")
+    assert c4.verdict == claims.VARIES and c4.reason.startswith("2 of 3 seeds")
+    assert c4.evidence["failing_seeds"] == [44] and c4.evidence["untestable_seeds"] == [45]
+    assert "not at seed 44" in c4.reason and "Not testable at seed 45" in c4.reason and "did not learn" in c4.reason
+    c2 = next(v for v in claims.verdicts(f) if v.claim == "C2")
+    assert c2.verdict == REPRODUCED and c2.evidence["reproduced_seeds"] == [42, 43]  # 44, 45: no baseline
+    lo, hi = c2.evidence["rate_ci"]
+    assert 0.15 < lo < 0.16 and hi == 1.0  # 2 of 2: Clopper-Pearson 15.8-100%
+    assert next(v for v in claims.verdicts(f) if v.claim == "C10").verdict == UNTESTABLE  # read once, not per seed
+
+
+def test_claims_at_one_other_seed_are_read_on_its_runs_and_name_it():
+    f = facts(**{f"{W8S8} · seed 7": lookup(PERIODIC)})
+    c4 = next(v for v in claims.verdicts(f) if v.claim == "C4")
+    assert c4.verdict == REPRODUCED and c4.reason.startswith("At seed 7:") and c4.evidence["seeds"] == [7]
+    assert claims.verdicts(facts(**{W8S8: lookup(PERIODIC)}))[3].reason.startswith(W8S8)  # the default: unchanged
