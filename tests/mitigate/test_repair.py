@@ -3,6 +3,7 @@ equivalence under both paddings), a design repaired only when every one of its >
 seed distribution with an exact interval, its worst seed named), the misses named with their size, a seed record
 that keeps earlier designs judged by the current rule, the outputs the report reads, and the Repair section."""
 
+import html
 import json
 
 import pytest
@@ -310,7 +311,7 @@ def test_cli_writes_goals_frontier_and_the_report_section(study):
     for p in ("prefix", "in-sequence"):
         assert json.loads((study / "repair" / p / "summary.json").read_text())["protocol"] == p
     page = render_report(study, progress=False).read_text()
-    assert 'id="repair"' in page and goals["verdict"] in page.replace("&#x27;", "'").replace("&gt;", ">")
+    assert 'id="repair"' in page and goals["verdict"] in html.unescape(page)
 
 
 def test_cli_errors_are_one_line(study, tmp_path):

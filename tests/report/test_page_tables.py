@@ -30,3 +30,18 @@ def test_every_cell_as_recorded(pages, name):
                     assert gr == wr, (section, i, row)
             else:
                 assert g == w, (section, i)
+
+
+def test_the_templates_ship_with_the_package():
+    """pyproject's package data holds every template, so an installed phasekv renders its report."""
+    import tomllib
+    from fnmatch import fnmatch
+    from pathlib import Path
+
+    import phasekv
+
+    root = Path(__file__).parents[2]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["phasekv"]
+    package = Path(phasekv.__file__).parent
+    templates = sorted((package / "report" / "templates").iterdir())
+    assert templates and all(any(fnmatch(str(t.relative_to(package)), p) for p in patterns) for t in templates)
