@@ -108,7 +108,8 @@ def add_costs(rows: list[dict], cfgs: dict, ref_cfg: ModelConfig | None, context
 
 
 def _cost_key(cfg: ModelConfig) -> str:
-    return cfg.replace(seed=42).name + repr(_backbone_key(cfg))  # the seed costs nothing (the regulariser does)
+    # the seed costs nothing (the regulariser does): every seed is keyed as the default one
+    return cfg.replace(seed=ModelConfig.seed).name + repr(_backbone_key(cfg))
 
 
 def _full_twin(cfg: ModelConfig) -> ModelConfig:

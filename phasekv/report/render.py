@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from phasekv.eval.protocols import retrieval_protocols
 from phasekv.io import write_json, write_text
 from phasekv.mitigate.audit import audit_figure
 from phasekv.mitigate.criteria import verdict_lines
-from phasekv.mitigate.repair import PADDINGS, fresh_counts, rule_text
+from phasekv.mitigate.repair_text import fresh_counts, rule_text, worst_text
+from phasekv.mitigate.results import PADDINGS, Lookup, Seeds
 from phasekv.progress import Progress
 from phasekv.report import checks, claims, family, figures, html, needle, published, tables
 from phasekv.report.html import Image, Plot, Styled, fmt, interval
@@ -303,13 +305,13 @@ def section_compare(b: Builder) -> None:
                       for png in sorted(st.path.glob("*.png"))])
 
 
-def _repair_numbers(n: dict | None, with_p: bool = True) -> list[str]:
+def _repair_numbers(n: Lookup | None, with_p: bool = True) -> list[str]:
     """A model's lookup under one padding in the repair's table: mean and gap with their intervals, its detected
     period (with the periodicity test's p)."""
     if n is None:
         return ["–"] * 3
-    period = f"{n['detected_period']} ({fmt(n['periodicity_p'], 4)})" if with_p else str(n["detected_period"])
-    return [interval(n["mean"], n["mean_ci"]), interval(n["gap"], n["gap_ci"]), period]
+    period = f"{n.detected_period} ({fmt(n.periodicity_p, 4)})" if with_p else str(n.detected_period)
+    return [interval(n.mean, n.mean_ci), interval(n.gap, n.gap_ci), period]
 
 
 def section_repair(b: Builder) -> None:
@@ -317,36 +319,29 @@ def section_repair(b: Builder) -> None:
     r = b.study.repair
     if r is None:
         return  # a demo or study directory without a repair sweep: no section
-    ref = r["reference_numbers"]
-    rows = [[r["reference"] + " (reference)", "1", "1", "–", "–",
+    ref = r.reference_numbers
+    rows = [[r.reference + " (reference)", "1", "1", "–", "–",
              *(x for p in PADDINGS for x in _repair_numbers(ref.get(p), with_p=False)), ""]]
-    rows += [[m["label"] + (" (unrepaired)" if m["role"] == "unrepaired" else ""), fmt(m["cache_ref"], 4),
-              fmt(m["cache_rel"], 4), fmt(m["train_rel"], 2), fmt(m["decode_rel"], 2),
-              *(x for p in PADDINGS for x in _repair_numbers(m["paddings"].get(p))),
-              Styled("every goal met", "pass") if m["meets"] else Styled("; ".join(m["misses"]), "fail")]
-             for m in r["models"]]
-    designs = [d for d in r["designs"] if d.get("role") == "design"]
-    measured = [d["measured"] | {"design": d["design"]} for d in designs if "measured" in d]  # the seed record's
+    rows += [[m.label + (" (unrepaired)" if m.role == "unrepaired" else ""), fmt(m.cache_ref, 4), fmt(m.cache_rel, 4),
+              fmt(m.train_rel, 2), fmt(m.decode_rel, 2), *(x for p in PADDINGS for x in _repair_numbers(m.paddings.get(p))),
+              Styled("every goal met", "pass") if m.meets else Styled("; ".join(m.misses), "fail")] for m in r.models]
+    designs = [d for d in r.designs if d.role == "design"]
+    measured = [replace(d.measured, design=d.design) for d in designs if d.measured is not None]  # the seed record's
     png = b.study.root / "repair" / "frontier.png"
-    b.section("repair", "Repair", "repair.html", r=r, seeds=rule_text(r["goals"]["seeds"]), rows=rows,
-              seed_rows=[_seed_row(d) for d in [*designs, *measured, *r.get("kept", [])]],
+    b.section("repair", "Repair", "repair.html", r=r, seeds=rule_text(r.goals.seeds), rows=rows,
+              seed_rows=[_seed_row(d) for d in [*designs, *measured, *(r.kept or [])]],
               frontier=b.image(png, "repair_frontier", "The repair's frontier: gap against step cost, both paddings")
               if png.is_file() else None)
 
 
-def _seed_row(d: dict) -> list[str]:
+def _seed_row(d: Seeds) -> list[str]:
     """A design's seed distribution (`phasekv.mitigate.repair.seed_distribution`) as a table row."""
-    lo, hi = d["rate_ci"]
-    w = d["worst"]
-    worst = "–" if w is None else (f"{w['seed']}: {w['padding']} gap {interval(w['gap'], w['gap_ci'])}, period "
-                                   f"{w['period']} (p {fmt(w['p'], 4)})")
-    kept = f" (measured by {d['source']})" if "source" in d else ""
-    flat = d.get("meeting_but_cache")
+    lo, hi = d.rate_ci
     fresh = fresh_counts(d)
-    return [d["design"] + kept, fmt(d["cache_ref"], 4), fmt(d["cache_rel"], 4),
-            f"{len(d['meeting_seeds'])} / {len(d['seeds'])}", f"{100 * lo:.0f}-{100 * hi:.0f}%",
-            "–" if flat is None else f"{len(flat)} / {len(d['seeds'])}",
-            ", ".join(map(str, d["failing_seeds"])) or "none", worst,
+    return [d.design + ("" if d.source is None else f" (measured by {d.source})"), fmt(d.cache_ref, 4),
+            fmt(d.cache_rel, 4), f"{len(d.meeting_seeds)} / {len(d.seeds)}", f"{100 * lo:.0f}-{100 * hi:.0f}%",
+            "–" if d.meeting_but_cache is None else f"{len(d.meeting_but_cache)} / {len(d.seeds)}",
+            ", ".join(map(str, d.failing_seeds)) or "none", "–" if d.worst is None else worst_text(d.worst),
             "–" if fresh is None else f"{fresh[1]} (seeds {fresh[0]})"]
 
 

@@ -99,10 +99,10 @@ def extras_study(root: Path) -> Path:
     result = evaluate(_repair_summaries([_seeded("W12/S6 · 1 KV", s) for s in range(42, 46)]), "W8/S4 · 1 KV")
     measured = [_seeded("W3/S2 · 1 KV", s) for s in (42, 43, 50, 51)] + [_seeded("W12/S6 · 1 KV", s) for s in (46, 47)]
     record = seed_record(evaluate(_repair_summaries(measured), "W8/S4 · 1 KV"), "sweep A")
-    record["designs"][0]["fresh_seeds"] = [50, 51]
-    attach_record(result, json.loads(json.dumps(record)))
-    keep(result, json.loads(json.dumps(record)))
-    write_json(root / "repair" / "goals.json", result)
+    record.designs[0].fresh_seeds = [50, 51]
+    attach_record(result, record)
+    keep(result, record)
+    write_json(root / "repair" / "goals.json", result.to_dict())
     plot_frontier(result, root / "repair" / "frontier.png")
     write_json(lay.analysis("family", "w8s4-1kv") / "summary.json", _family_summary(M))
     write_json(root / "needle.json", {"train_len": 128, "controls": [_needle_row(c) for c in (127, 255)]})
@@ -193,5 +193,6 @@ def main(out: Path) -> None:
 if __name__ == "__main__":
     import tempfile
 
+    sys.path.insert(0, str(Path(__file__).parents[2]))  # this checkout's phasekv, not an installed one
     with tempfile.TemporaryDirectory() as tmp:
         main(Path(tmp))
