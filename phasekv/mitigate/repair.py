@@ -42,6 +42,7 @@ from phasekv.mitigate.repair_text import rule_text, verdict_text
 from phasekv.mitigate.results import (
     PADDINGS,
     Check,
+    CompareRow,
     Goals,
     Lookup,
     ModelResult,
@@ -156,17 +157,17 @@ def evaluate(summaries: dict[str, dict], unrepaired: str, context: int = 32768, 
     """The goals table from the compare summaries of both paddings (padding -> phasekv.compare/1 summary; the
     costs are read from the prefix one). `runs`: the training run directories by alias (an evaluation's
     directory name), whose recipes tell apart one model name trained two ways."""
-    rows = {p: {r["label"]: r for r in s["models"]} for p, s in summaries.items()}
+    rows = {p: {r.label: r for r in map(CompareRow.from_dict, s["models"])} for p, s in summaries.items()}
     pre = rows["prefix"]
     ref_label = summaries["prefix"]["reference"]
     if ref_label is None:
         raise DataError("repair: no full-attention model among the evaluations (the goals are relative to it)")
     if unrepaired not in pre:
         raise ConfigError(f"repair: --unrepaired {unrepaired!r} is not among the evaluated models: {', '.join(pre)}")
-    ref = {p: Lookup.from_dict(rows[p][ref_label]) for p in PADDINGS if ref_label in rows[p]}
-    ref_name = pre[ref_label]["model"]
-    recipes = {label: recipe(runs / Path(row["eval_dir"]).name) if runs else {} for label, row in pre.items()}
-    models = [judge(arch, {p: Lookup.from_dict(rows[p][label]) for p in PADDINGS if label in rows[p]}, *rel, ref,
+    ref = {p: rows[p][ref_label].lookup() for p in PADDINGS if ref_label in rows[p]}
+    ref_name = pre[ref_label].model
+    recipes = {label: recipe(runs / Path(row.eval_dir).name) if runs else {} for label, row in pre.items()}
+    models = [judge(arch, {p: rows[p][label].lookup() for p in PADDINGS if label in rows[p]}, *rel, ref,
                     ref_name, context, goals, label=name, design=design_name(name), seed=seed, recipe=recipes[label],
                     role="unrepaired" if label == unrepaired else "design")
               for label, name, arch, seed, rel in _candidates(pre, unrepaired, recipes)]
@@ -185,18 +186,18 @@ def evaluate(summaries: dict[str, dict], unrepaired: str, context: int = 32768, 
                         verdict=verdict_text(repaired, per_design, goals) + warning)
 
 
-def _candidates(pre: dict[str, dict], unrepaired: str, recipes: dict[str, dict]):
+def _candidates(pre: dict[str, CompareRow], unrepaired: str, recipes: dict[str, dict]):
     """(label, name, architecture, seed, (train, decode) step relative to the unrepaired model's) of each
     compressed model of a comparison (label -> row): its name says its phase ensemble and how its recipe differs."""
     unrep = pre[unrepaired]
     for label, row in pre.items():
-        cfg = ModelConfig.from_name(row["model"])
+        cfg = ModelConfig.from_name(row.model)
         if not cfg.compressed:
             continue
-        k = row.get("ensemble_k") or 1
+        k = row.ensemble_k or 1
         name = cfg.name + (f" · phase ensemble {k}" if k > 1 else "") + recipe_tag(recipes[label], recipes[unrepaired])
-        rel = tuple(None if row.get(f"{kind}_cost_rel") is None or unrep.get(f"{kind}_cost_rel") is None
-                    else row[f"{kind}_cost_rel"] / unrep[f"{kind}_cost_rel"] for kind in ("train", "decode"))
+        rel = tuple(None if None in (mine, base) else mine / base for mine, base in (
+            (row.train_cost_rel, unrep.train_cost_rel), (row.decode_cost_rel, unrep.decode_cost_rel)))
         yield label, name, design_name(cfg.name), cfg.seed, rel
 
 

@@ -1,8 +1,10 @@
-"""The repair's records, typed: what `phasekv repair` writes (DIR/repair/goals.json, schema `phasekv.repair/2`) and
-keeps (`--record`, schema `phasekv.repair-seeds/1`), and what the report and the command line read back.
+"""The records of `phasekv compare` and `phasekv repair`, typed: a comparison's row (summary.json "models", schema
+`phasekv.compare/1`), what the repair writes (DIR/repair/goals.json, schema `phasekv.repair/2`) and keeps
+(`--record`, schema `phasekv.repair-seeds/1`), and what the report and the command line read back.
 
 Each record is a dataclass with `to_dict` (the JSON on disk) and `from_dict` (that JSON read back, older files
-too: a field added later is None when a file lacks it). The rule that fills them is `phasekv.mitigate.repair`.
+too: a field added later is None when a file lacks it). The rules that fill them are `phasekv.mitigate.compare`
+and `phasekv.mitigate.repair`.
 """
 
 from __future__ import annotations
@@ -29,9 +31,58 @@ class Goals:
 
 
 @dataclass
+class CompareRow:
+    """One model of a comparison (`phasekv.mitigate.compare`): what it is, its cache and costs relative to the
+    reference (`cost.add_costs`), its lookup numbers, its Pareto flag (`criteria.mark_pareto`); a column each of
+    results.parquet. None: not known (a model phasekv cannot name, a cost not measured)."""
+
+    label: str  # the model's name, or its name and directory when one name was trained two ways (`twin_label`)
+    model: str | None = None  # its name
+    role: str | None = None  # reference | baseline | candidate
+    mitigations: list[str] | None = None
+    eval_dir: str | None = None
+    run_dir: str | None = None
+    window: int | None = None
+    stride: int | None = None
+    n_kv_heads: int | None = None
+    ensemble_k: int | None = None  # a phase ensemble's k (1: none)
+    cache_bytes: int | None = None  # at the comparison's context
+    cache_rel: float | None = None  # / the reference's
+    cache_same_kv: float | None = None  # / full attention's with the model's KV heads
+    compression: float | None = None  # 1 / cache_rel
+    train_cost_rel: float | None = None  # training step / the reference's
+    decode_cost_rel: float | None = None  # decode step / the reference's (k passes for a phase ensemble)
+    train_tokens_per_s: float | None = None
+    eval_seconds: float | None = None
+    mean: float | None = None
+    mean_ci: list[float] | None = None
+    worst: float | None = None
+    worst_ci: list[float] | None = None
+    worst_residue: int | None = None
+    best: float | None = None
+    gap: float | None = None
+    gap_ci: list[float] | None = None
+    gap_raw: float | None = None
+    fold_consistency: float | None = None
+    detected_period: int | None = None
+    periodicity_p: float | None = None
+    pareto: bool | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CompareRow:
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+    def lookup(self) -> Lookup:
+        """The numbers the repair's goals read."""
+        return Lookup(**{f.name: getattr(self, f.name) for f in fields(Lookup)})
+
+
+@dataclass
 class Lookup:
-    """One model's lookup under one padding (a comparison's row, `phasekv.mitigate.compare`): the numbers the goals
-    read."""
+    """One model's lookup under one padding (of its `CompareRow`): the numbers the repair's goals read."""
 
     mean: float
     mean_ci: list[float]

@@ -23,7 +23,7 @@ from phasekv.io import write_json, write_text
 from phasekv.mitigate.audit import audit_figure
 from phasekv.mitigate.criteria import verdict_lines
 from phasekv.mitigate.repair_text import fresh_counts, rule_text, worst_text
-from phasekv.mitigate.results import PADDINGS, Lookup, Seeds
+from phasekv.mitigate.results import PADDINGS, CompareRow, Lookup, Seeds
 from phasekv.progress import Progress
 from phasekv.report import checks, claims, family, figures, html, needle, published, tables
 from phasekv.report.html import Image, Plot, Styled, fmt, interval
@@ -293,14 +293,14 @@ def section_compare(b: Builder) -> None:
     if st is None or st.summary.get("schema") != "phasekv.compare/1":
         return b.missing("compare", "Cost and gap", "comparison", "phasekv compare")
     s = st.summary
-    rows = [[r["label"] + {"reference": " (ref)", "baseline": " (base)"}.get(r["role"], ""), fmt(r.get("cache_rel"), 3),
-             fmt(r.get("cache_same_kv"), 3), "–" if r.get("compression") is None else f"{r['compression']:.1f}×",
-             fmt(r.get("train_cost_rel"), 2), fmt(r.get("decode_cost_rel"), 2), interval(r["mean"], r.get("mean_ci")),
-             f"{fmt(r['worst'])} ({r.get('worst_residue')})", interval(r["gap"], r.get("gap_ci")),
-             fmt(r.get("fold_consistency")), fmt(r.get("detected_period")), "yes" if r.get("pareto") else ""]
-            for r in s["models"]]
+    found = [CompareRow.from_dict(r) for r in s["models"]]
+    rows = [[r.label + {"reference": " (ref)", "baseline": " (base)"}.get(r.role, ""), fmt(r.cache_rel, 3),
+             fmt(r.cache_same_kv, 3), "–" if r.compression is None else f"{r.compression:.1f}×",
+             fmt(r.train_cost_rel, 2), fmt(r.decode_cost_rel, 2), interval(r.mean, r.mean_ci),
+             f"{fmt(r.worst)} ({r.worst_residue})", interval(r.gap, r.gap_ci), fmt(r.fold_consistency),
+             fmt(r.detected_period), "yes" if r.pareto else ""] for r in found]
     b.section("compare", "Cost and gap", "compare.html", s=s, rows=rows, verdict="\n".join(verdict_lines(s)),
-              models=[next((a for a, m in b.study.models.items() if m.name == r["model"]), None) for r in s["models"]],
+              models=[next((a for a, m in b.study.models.items() if m.name == r.model), None) for r in found],
               images=[b.image(png, f"compare_{png.stem}", "Gap against cache size (Pareto front marked)")
                       for png in sorted(st.path.glob("*.png"))])
 
