@@ -1,9 +1,12 @@
-"""`phasekv compare RUNS...` and `phasekv audit --model DIR --stride S`."""
+"""`phasekv compare RUNS...`, `phasekv repair DIR` and `phasekv audit --model DIR --stride S`."""
 
 from __future__ import annotations
 
 import datetime
+import inspect
 import json
+import typing
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import typer
@@ -11,6 +14,9 @@ from rich.console import Console
 
 from phasekv.errors import ConfigError
 from phasekv.eval.cli import ENGINE, PRESS, model_from_flags
+
+if typing.TYPE_CHECKING:
+    from phasekv.mitigate.results import RepairResult
 
 console = Console()
 MARGIN = typer.Option(None, "--margin", help="Flat: the gap's 95% upper bound below this many points (default: the "
@@ -51,35 +57,71 @@ def compare_command(
     console.print(f"wrote {out}/summary.json, results.parquet, pareto.png")
 
 
-def audit_command(
-    model: Path = typer.Option(None, "--model", help="A phasekv run/model directory or a Hugging Face causal LM "
-                                                     "directory (or --server)."),
-    server: str = ENGINE["server"],
-    served_model: str = ENGINE["served_model"],
-    concurrency: int = ENGINE["concurrency"],
-    stride: int = typer.Option(None, help="Compression stride S to test for (default: every compression ratio of "
-                                          "the model, e.g. a DeepSeek-V4 config's CSA and HCA ratios)."),
-    margin: float = typer.Option(None, "--margin", "--max-gap", help="Flat: the gap's 95% upper bound below this many "
-                                                                     "points (default: the rule's delta, above every "
-                                                                     "upper bound full attention showed)."),
-    out: Path = typer.Option(None, "--out", help="Output directory (default: ./audit-<model dir name>)."),
-    task: str = typer.Option("auto", help="auto (lookup for phasekv models and their exports, needle otherwise) | lookup | needle."),
-    context: int = typer.Option(None, help="Needle context tokens (default: what fits the device and model)."),
-    per_group: int = typer.Option(None, "--per-group", help="Prompts per residue group (lookup 576, needle 64)."),
-    modulus: int = typer.Option(None, help="Residue groups M (lookup 24, needle 8)."),
-    records: int = typer.Option(None, help="Records per prompt (default: fits the model's training length)."),
-    demos: int = typer.Option(None, help="Demonstrations before the target key."),
-    filler: int = typer.Option(None, help="Lookup filler tokens per prompt."),
-    seed: int = typer.Option(0, help="Seed of mappings, positions and filler."),
-    batch_size: int = typer.Option(32, "--batch-size", help="Prompts per forward pass."),
-    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
-    tokenizer: Path = typer.Option(None, help="Tokenizer file/dir (default: the model's)."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow a HF model's own code."),
-    press: str = PRESS,
-    lm_eval: Path = typer.Option(None, "--lm-eval", help="Audit what lm-evaluation-harness scored instead of a "
-                                 "model: the --output_path of `lm_eval ... --log_samples` over the tasks of `phasekv "
-                                 "export-tasks` (--task picks the task: auto, lookup (prefix padding) or needle)."),
-) -> None:
+def option(default, *flags: str, help: str):
+    """A field of an options dataclass that is also a command-line option (`command`)."""
+    return field(default=default, metadata={"option": typer.Option(default, *flags, help=help)})
+
+
+def shared(opt):
+    """A field whose option is defined with another command's (eval's --server, --press)."""
+    return field(default=opt.default, metadata={"option": opt})
+
+
+def command(options: type, run):
+    """A typer command whose options are the fields of the dataclass `options` (`option`, `shared`) in their order,
+    that calls `run` with them as one `options` object."""
+    hints = typing.get_type_hints(options)
+
+    def cmd(**given):
+        return run(options(**given))
+
+    cmd.__signature__ = inspect.Signature([inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name],
+                                                             default=f.metadata["option"]) for f in fields(options)])
+    cmd.__name__, cmd.__doc__ = run.__name__, run.__doc__
+    return cmd
+
+
+@dataclass(frozen=True)
+class AuditOptions:
+    """`phasekv audit`'s options: the model (`model_from_flags`'s), what the audit tests (`settings`: `run_audit`'s),
+    where it writes, or the lm-eval output it reads instead of a model."""
+
+    model: Path | None = option(None, "--model", help="A phasekv run/model directory or a Hugging Face causal LM "
+                                "directory (or --server).")
+    server: str | None = shared(ENGINE["server"])
+    served_model: str | None = shared(ENGINE["served_model"])
+    concurrency: int = shared(ENGINE["concurrency"])
+    stride: int | None = option(None, help="Compression stride S to test for (default: every compression ratio of "
+                                "the model, e.g. a DeepSeek-V4 config's CSA and HCA ratios).")
+    margin: float | None = option(None, "--margin", "--max-gap", help="Flat: the gap's 95% upper bound below this "
+                                  "many points (default: the rule's delta, above every upper bound full attention "
+                                  "showed).")
+    out: Path | None = option(None, "--out", help="Output directory (default: ./audit-<model dir name>).")
+    task: str = option("auto", help="auto (lookup for phasekv models and their exports, needle otherwise) | lookup | "
+                       "needle.")
+    context: int | None = option(None, help="Needle context tokens (default: what fits the device and model).")
+    per_group: int | None = option(None, "--per-group", help="Prompts per residue group (lookup 576, needle 64).")
+    modulus: int | None = option(None, help="Residue groups M (lookup 24, needle 8).")
+    records: int | None = option(None, help="Records per prompt (default: fits the model's training length).")
+    demos: int | None = option(None, help="Demonstrations before the target key.")
+    filler: int | None = option(None, help="Lookup filler tokens per prompt.")
+    seed: int = option(0, help="Seed of mappings, positions and filler.")
+    batch_size: int = option(32, "--batch-size", help="Prompts per forward pass.")
+    device: str = option("auto", help="cpu, cuda, cuda:N or auto.")
+    tokenizer: Path | None = option(None, help="Tokenizer file/dir (default: the model's).")
+    trust_remote_code: bool = option(False, "--trust-remote-code", help="Allow a HF model's own code.")
+    press: str | None = shared(PRESS)
+    lm_eval: Path | None = option(None, "--lm-eval", help="Audit what lm-evaluation-harness scored instead of a model: "
+                                  "the --output_path of `lm_eval ... --log_samples` over the tasks of `phasekv "
+                                  "export-tasks` (--task picks the task: auto, lookup (prefix padding) or needle).")
+
+    def settings(self) -> dict:
+        """`run_audit`'s keywords: what the audit tests and with which prompts (the margin apart: its default)."""
+        return {k: getattr(self, k) for k in ("stride", "task", "per_group", "modulus", "context", "records", "demos",
+                                              "filler", "seed", "batch_size")}
+
+
+def audit(o: AuditOptions) -> None:
     """Phase audit in one command: retrieval by residue for every compression ratio, periodicity, verdict,
     figure, so it can gate a model release in CI. Exit codes (audit.json "verdict"): 0 pass: the model retrieves
     (mean accuracy's 95% interval above twice chance and above chance + the margin) and every profile is flat by equivalence (the gap's 95%
@@ -92,17 +134,21 @@ def audit_command(
     from phasekv.eval.stats import FLAT_MARGIN
     from phasekv.mitigate.audit import print_verdict, run_audit
 
-    if lm_eval is not None:
-        if model is not None or server is not None:
+    margin = FLAT_MARGIN if o.margin is None else o.margin
+    if o.lm_eval is not None:
+        if o.model is not None or o.server is not None:
             raise ConfigError("--lm-eval audits an lm-eval output directory: give it without --model/--server")
-        _audit_lm_eval(lm_eval, out, task, stride, FLAT_MARGIN if margin is None else margin)
-    em = model_from_flags(model, server, served_model, concurrency, device, trust_remote_code, tokenizer, press)
-    out = out or Path(f"audit-{Path(model).resolve().name if model else served_model}")
-    v = run_audit(em, out, stride=stride, margin=FLAT_MARGIN if margin is None else margin, task=task, per_group=per_group, modulus=modulus,
-                  context=context, records=records, demos=demos, filler=filler, seed=seed, batch_size=batch_size)
+        _audit_lm_eval(o.lm_eval, o.out, o.task, o.stride, margin)
+    em = model_from_flags(o.model, o.server, o.served_model, o.concurrency, o.device, o.trust_remote_code, o.tokenizer,
+                          o.press)
+    out = o.out or Path(f"audit-{Path(o.model).resolve().name if o.model else o.served_model}")
+    v = run_audit(em, out, margin=margin, **o.settings())
     print_verdict(v, console)
     console.print(f"wrote {out}/audit.json, audit.png, {v['task']}/ · exit code {v['exit_code']}")
     raise typer.Exit(v["exit_code"])
+
+
+audit_command = command(AuditOptions, audit)
 
 
 def _audit_lm_eval(output: Path, out: Path | None, task: str, stride: int | None, margin: float) -> None:
@@ -204,19 +250,19 @@ def repair_command(
                    goals=goals, previous=previous)
     if record is not None:
         when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
-        write_json(record, seed_record(r, f"phasekv repair {directory}, git {git_revision() or '?'}, {when}"))
+        write_json(record, seed_record(r, f"phasekv repair {directory}, git {git_revision() or '?'}, {when}").to_dict())
         console.print(f"wrote {record}")
     wide = Console(width=max(console.width, 150))
     wide.print(goals_table(r))
     wide.print(seeds_table(r))
-    wide.print(r["verdict"])
+    wide.print(r.verdict)
     console.print(f"wrote {directory}/repair/goals.json, frontier.png, prefix/, in-sequence/")
 
 
-def goals_table(r: dict):
+def goals_table(r: RepairResult):
     from rich.table import Table
 
-    t = Table(title=f"repair goals · reference {r['reference']} · unrepaired {r['unrepaired']} · {r['rule']}")
+    t = Table(title=f"repair goals · reference {r.reference} · unrepaired {r.unrepaired} · {r.rule}")
     for c in ("model", "cache vs ref.", "same KV", "train", "decode", "prefix gap [95%]", "p", "in-seq gap [95%]", "p",
               "misses"):
         t.add_column(c, justify="left" if c in ("model", "misses") else "right", overflow="fold")
@@ -225,31 +271,28 @@ def goals_table(r: dict):
         return "-" if v is None else f"{v:.{d}f}"
 
     def gap(m, p):
-        n = m["paddings"].get(p)
-        return ("-", "-") if n is None else (f"{n['gap']:.1f} [{n['gap_ci'][0]:.1f}, {n['gap_ci'][1]:.1f}]",
-                                             f(n["periodicity_p"], 4))
-    for m in r["models"]:
-        t.add_row(m["label"], f(m["cache_ref"], 4), f(m["cache_rel"], 4), f(m["train_rel"]), f(m["decode_rel"]), *gap(m, "prefix"),
-                  *gap(m, "in-sequence"), "every goal met" if m["meets"] else "; ".join(m["misses"]))
+        n = m.paddings.get(p)
+        return ("-", "-") if n is None else (f"{n.gap:.1f} [{n.gap_ci[0]:.1f}, {n.gap_ci[1]:.1f}]", f(n.periodicity_p, 4))
+    for m in r.models:
+        t.add_row(m.label, f(m.cache_ref, 4), f(m.cache_rel, 4), f(m.train_rel), f(m.decode_rel), *gap(m, "prefix"),
+                  *gap(m, "in-sequence"), "every goal met" if m.meets else "; ".join(m.misses))
     return t
 
 
-def seeds_table(r: dict):
+def seeds_table(r: RepairResult):
     """Each candidate design's seed distribution: seeds meeting every goal, the exact interval, the worst seed."""
     from rich.table import Table
 
-    from phasekv.mitigate.repair import rule_text
+    from phasekv.mitigate.repair_text import rule_text, worst_text
 
-    t = Table(title=f"seeds · {rule_text(r['goals']['seeds'])} (kept: measured by an earlier run of the record)")
+    t = Table(title=f"seeds · {rule_text(r.goals.seeds)} (kept: measured by an earlier run of the record)")
     for c in ("design", "cache vs ref.", "same KV", "meeting", "95% exact", "failing seeds", "worst seed"):
         t.add_column(c, justify="left" if c in ("design", "worst seed") else "right", overflow="fold")
-    for d in [*(d for d in r["designs"] if d["role"] == "design"), *r.get("kept", [])]:
-        w, (lo, hi) = d["worst"], d["rate_ci"]
-        worst = "-" if w is None else (f"{w['seed']}: {w['padding']} gap {w['gap']:.1f} [{w['gap_ci'][0]:.1f}, "
-                                       f"{w['gap_ci'][1]:.1f}], period {w['period']}")
-        t.add_row(d["design"] + (" (kept)" if "source" in d else ""), f"{d['cache_ref']:.4f}", f"{d['cache_rel']:.4f}",
-                  f"{len(d['meeting_seeds'])}/{len(d['seeds'])}", f"{100 * lo:.0f}-{100 * hi:.0f}%",
-                  ", ".join(map(str, d["failing_seeds"])) or "none", worst)
+    for d in [*(d for d in r.designs if d.role == "design"), *(r.kept or [])]:
+        lo, hi = d.rate_ci
+        t.add_row(d.design + (" (kept)" if d.source is not None else ""), f"{d.cache_ref:.4f}", f"{d.cache_rel:.4f}",
+                  f"{len(d.meeting_seeds)}/{len(d.seeds)}", f"{100 * lo:.0f}-{100 * hi:.0f}%",
+                  ", ".join(map(str, d.failing_seeds)) or "none", "-" if d.worst is None else worst_text(d.worst))
     return t
 
 

@@ -16,6 +16,7 @@ this module builds the table and writes it.
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -30,14 +31,10 @@ from phasekv.io import write_figure, write_json, write_parquet
 from phasekv.mitigate.cost import Bench, add_costs
 from phasekv.mitigate.criteria import acceptance, mark_pareto
 from phasekv.mitigate.discovery import find_summary, mitigations, model_config, pick, run_info, twin_label
+from phasekv.mitigate.results import CompareRow
 
 SCHEMA = "phasekv.compare/1"
-ROW_FIELDS = [  # the per-model record of summary.json["models"] and the columns of results.parquet
-    "label", "model", "role", "mitigations", "eval_dir", "run_dir", "window", "stride", "n_kv_heads", "ensemble_k",
-    "cache_bytes", "cache_rel", "cache_same_kv", "compression", "train_cost_rel", "decode_cost_rel", "train_tokens_per_s",
-    "eval_seconds", "mean", "mean_ci", "worst", "worst_ci", "worst_residue", "best", "gap", "gap_ci",
-    "gap_raw", "fold_consistency", "detected_period", "periodicity_p", "pareto",
-]
+ROW_FIELDS = [f.name for f in fields(CompareRow)]  # summary.json["models"]'s records, results.parquet's columns
 
 
 def compare(paths: list[Path], out: Path | None = None, reference: str | None = None, baseline: str | None = None,
@@ -61,7 +58,7 @@ def compare(paths: list[Path], out: Path | None = None, reference: str | None = 
     summary = {
         "schema": SCHEMA, "task": task, "protocol": proto, "modulus": modulus, "reference": ref, "baseline": base,
         "context": context, "bench": (bench or Bench()).__dict__, "threads": torch.get_num_threads(),
-        "models": [{f: r.get(f) for f in ROW_FIELDS} for r in rows],
+        "models": [r.to_dict() for r in rows],
         "criteria": acceptance(rows, ref, base, min_compression, max_gap_factor),
         "provenance": {"inputs": [str(d) for d, _ in summaries], "versions": versions()},
     }
@@ -91,23 +88,22 @@ def _summaries(paths: list[Path], protocol: str | None) -> list[tuple[Path, dict
     return summaries
 
 
-def _row(d: Path, s: dict, cfgs: dict, ref: str | None, base: str | None) -> dict:
+def _row(d: Path, s: dict, cfgs: dict, ref: str | None, base: str | None) -> CompareRow:
     """One model's record (its costs are added by `cost.add_costs`, its Pareto flag by `criteria`)."""
     cfg = cfgs[s["model"]]
     k = int(s.get("provenance", {}).get("model_info", {}).get("ensemble", {}).get("k", 1))
     run_dir, tps = run_info(s)
-    return {
-        "label": s["model"], "model": cfg.name if cfg else s["model"], "eval_dir": str(d), "run_dir": run_dir,
-        "role": "reference" if s["model"] == ref else "baseline" if s["model"] == base else "candidate",
-        "mitigations": mitigations(cfg, k, cfgs.get(base)),
-        "window": cfg.window if cfg else None, "stride": (cfg.stride or None) if cfg else s.get("stride"),
-        "n_kv_heads": cfg.n_kv_heads if cfg else None, "ensemble_k": k,
-        "train_tokens_per_s": tps, "eval_seconds": s.get("provenance", {}).get("seconds"),
-        "mean": s["mean"], "mean_ci": s["mean_ci"], "worst": s["worst"], "worst_ci": s["worst_ci"],
-        "worst_residue": min(s["groups"], key=lambda g: g["acc"])["residue"], "best": s["best"], "gap": s["gap"],
-        "gap_ci": s["gap_ci"], "gap_raw": s.get("gap_raw"), "fold_consistency": s.get("fold_consistency"),
-        "detected_period": s.get("detected_period"), "periodicity_p": s.get("periodicity", {}).get("p_value"),
-    }
+    return CompareRow(
+        label=s["model"], model=cfg.name if cfg else s["model"], eval_dir=str(d), run_dir=run_dir,
+        role="reference" if s["model"] == ref else "baseline" if s["model"] == base else "candidate",
+        mitigations=mitigations(cfg, k, cfgs.get(base)),
+        window=cfg.window if cfg else None, stride=(cfg.stride or None) if cfg else s.get("stride"),
+        n_kv_heads=cfg.n_kv_heads if cfg else None, ensemble_k=k,
+        train_tokens_per_s=tps, eval_seconds=s.get("provenance", {}).get("seconds"),
+        mean=s["mean"], mean_ci=s["mean_ci"], worst=s["worst"], worst_ci=s["worst_ci"],
+        worst_residue=min(s["groups"], key=lambda g: g["acc"])["residue"], best=s["best"], gap=s["gap"],
+        gap_ci=s["gap_ci"], gap_raw=s.get("gap_raw"), fold_consistency=s.get("fold_consistency"),
+        detected_period=s.get("detected_period"), periodicity_p=s.get("periodicity", {}).get("p_value"))
 
 
 # ---------------------------------------------------------------- outputs
@@ -130,24 +126,24 @@ def plot_pareto(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in summary["models"] if r.get("cache_rel") is not None]
+    rows = [r for r in map(CompareRow.from_dict, summary["models"]) if r.cache_rel is not None]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     if rows:
-        x = np.array([r["cache_rel"] for r in rows])
-        y = np.array([r["gap"] for r in rows])
-        err = np.array([[r["gap"] - r["gap_ci"][0], r["gap_ci"][1] - r["gap"]] for r in rows]).T.clip(0)
-        mean = np.array([r["mean"] for r in rows])
+        x = np.array([r.cache_rel for r in rows])
+        y = np.array([r.gap for r in rows])
+        err = np.array([[r.gap - r.gap_ci[0], r.gap_ci[1] - r.gap] for r in rows]).T.clip(0)
+        mean = np.array([r.mean for r in rows])
         ax.errorbar(x, y, yerr=err, fmt="none", ecolor="gray", lw=0.8, capsize=2, zorder=1)
         sc = ax.scatter(x, y, c=mean, cmap="viridis", vmin=0, vmax=100, s=46, zorder=2, edgecolors="k", lw=0.5)
         fig.colorbar(sc, ax=ax, label="mean accuracy (%)")
-        front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["cache_rel"])
-        ax.step([r["cache_rel"] for r in front], [r["gap"] for r in front], where="post", color="C3", lw=1,
+        front = sorted((r for r in rows if r.pareto), key=lambda r: r.cache_rel)
+        ax.step([r.cache_rel for r in front], [r.gap for r in front], where="post", color="C3", lw=1,
                 label="Pareto front", zorder=0)
         seen: dict[float, int] = {}  # models at the same cache size (ensembles of one model): stack their labels
-        for r in sorted(rows, key=lambda r: -r["gap"]):
-            key = round(float(np.log2(r["cache_rel"])), 1)  # same place on the log axis
+        for r in sorted(rows, key=lambda r: -r.gap):
+            key = round(float(np.log2(r.cache_rel)), 1)  # same place on the log axis
             n = seen[key] = seen.get(key, -1) + 1
-            ax.annotate(r["label"], (r["cache_rel"], r["gap"]), fontsize=6.5, xytext=(5, 3 - 9 * n),
+            ax.annotate(r.label, (r.cache_rel, r.gap), fontsize=6.5, xytext=(5, 3 - 9 * n),
                         textcoords="offset points")
         crit = summary.get("criteria", {})
         if crit.get("reference_gap") is not None:
@@ -181,14 +177,10 @@ def table(summary: dict):
     def f(v, fmt="{:.2f}"):
         return "-" if v is None else fmt.format(v)
 
-    for r in summary["models"]:
-        role = {"reference": " (ref)", "baseline": " (base)"}.get(r["role"], "")
-        t.add_row(r["label"] + role, f(r["cache_rel"], "{:.3f}"), f(r.get("cache_same_kv"), "{:.3f}"),
-                  f(r["compression"], "{:.1f}x"),
-                  f(r["train_cost_rel"]), f(r["decode_cost_rel"]),
-                  f"{r['mean']:.1f} [{r['mean_ci'][0]:.1f}, {r['mean_ci'][1]:.1f}]",
-                  f"{r['worst']:.1f} ({r['worst_residue']})",
-                  f"{r['gap']:.1f} [{r['gap_ci'][0]:.1f}, {r['gap_ci'][1]:.1f}]",
-                  f(r["fold_consistency"], "{:.1f}"), str(r["detected_period"]),
-                  "yes" if r["pareto"] else "")
+    for r in map(CompareRow.from_dict, summary["models"]):
+        role = {"reference": " (ref)", "baseline": " (base)"}.get(r.role, "")
+        t.add_row(r.label + role, f(r.cache_rel, "{:.3f}"), f(r.cache_same_kv, "{:.3f}"), f(r.compression, "{:.1f}x"),
+                  f(r.train_cost_rel), f(r.decode_cost_rel), f"{r.mean:.1f} [{r.mean_ci[0]:.1f}, {r.mean_ci[1]:.1f}]",
+                  f"{r.worst:.1f} ({r.worst_residue})", f"{r.gap:.1f} [{r.gap_ci[0]:.1f}, {r.gap_ci[1]:.1f}]",
+                  f(r.fold_consistency, "{:.1f}"), str(r.detected_period), "yes" if r.pareto else "")
     return t

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from phasekv.config import ModelConfig
+from phasekv.mitigate.results import CompareRow
 from phasekv.model.cli import cache_bytes
 from phasekv.model.transformer import PhaseLM
 from phasekv.progress import Progress
@@ -72,22 +73,22 @@ def _backbone_key(cfg: ModelConfig) -> tuple:
     return (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size)
 
 
-def add_costs(rows: list[dict], cfgs: dict, ref_cfg: ModelConfig | None, context: int, bench: Bench,
-               progress: bool) -> None:
+def add_costs(rows: list[CompareRow], cfgs: dict, ref_cfg: ModelConfig | None, context: int, bench: Bench,
+              progress: bool) -> None:
     """Cache bytes (computed) and train/decode cost (measured) relative to the full-attention reference (the model
     a design replaces); a model without a reference of its backbone among the runs is compared with its own
     full-attention twin. `cache_same_kv`: the cache relative to full attention with the model's own KV heads."""
     twins: dict[str, ModelConfig] = {}
     for r in rows:
-        cfg = cfgs[r["label"]]
+        cfg = cfgs[r.label]
         if cfg is None:
             continue
         twin = ref_cfg if ref_cfg is not None and _backbone_key(ref_cfg) == _backbone_key(cfg) else _full_twin(cfg)
-        twins[r["label"]] = twin
-        r["cache_bytes"] = cache_bytes(cfg, context)
-        r["cache_rel"] = r["cache_bytes"] / cache_bytes(twin, context)
-        r["cache_same_kv"] = r["cache_bytes"] / cache_bytes(_full_twin(cfg), context)
-        r["compression"] = 1.0 / r["cache_rel"]
+        twins[r.label] = twin
+        r.cache_bytes = cache_bytes(cfg, context)
+        r.cache_rel = r.cache_bytes / cache_bytes(twin, context)
+        r.cache_same_kv = r.cache_bytes / cache_bytes(_full_twin(cfg), context)
+        r.compression = 1.0 / r.cache_rel
     if bench.reps <= 0:
         return
     unique: dict[str, ModelConfig] = {}
@@ -99,16 +100,17 @@ def add_costs(rows: list[dict], cfgs: dict, ref_cfg: ModelConfig | None, context
         task = bar.add_task("measuring cost", total=bench.reps * len(unique))
         cost = measure_costs(unique, bench, progress=lambda: bar.advance(task))
     for r in rows:
-        cfg = cfgs[r["label"]]
+        cfg = cfgs[r.label]
         if cfg is None:
             continue
-        mine, full = cost[_cost_key(cfg)], cost[_cost_key(twins[r["label"]])]
-        r["train_cost_rel"] = mine["train_s"] / full["train_s"]
-        r["decode_cost_rel"] = r["ensemble_k"] * mine["decode_s"] / full["decode_s"]  # k passes per answer
+        mine, full = cost[_cost_key(cfg)], cost[_cost_key(twins[r.label])]
+        r.train_cost_rel = mine["train_s"] / full["train_s"]
+        r.decode_cost_rel = r.ensemble_k * mine["decode_s"] / full["decode_s"]  # k passes per answer
 
 
 def _cost_key(cfg: ModelConfig) -> str:
-    return cfg.replace(seed=42).name + repr(_backbone_key(cfg))  # the seed costs nothing (the regulariser does)
+    # the seed costs nothing (the regulariser does): every seed is keyed as the default one
+    return cfg.replace(seed=ModelConfig.seed).name + repr(_backbone_key(cfg))
 
 
 def _full_twin(cfg: ModelConfig) -> ModelConfig:

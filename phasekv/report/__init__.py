@@ -2,8 +2,10 @@
 
 - `phasekv.report.layout`: where a study directory keeps each stage's outputs (one layout for demo and report);
 - `load`: the directory read into a `Study` (no model is loaded); `tables`: tidy tables of it;
-- `figures`: the study's tables fed to the one builder of each figure; `render`: the page, every figure as
-  PNG and interactive; `checks`: the verdicts, computed from the numbers; `html`, `browser`, `published`.
+- `figures`: the study's tables fed to the one builder of each figure; `render`: each section's cells and figures
+  (every figure as PNG and interactive) and the page, rendered from the Jinja2 templates in `templates/` (`html`:
+  their environment, macros and cell helpers); `checks`: the verdicts, computed from the numbers; `browser`,
+  `published`.
 
 Layer: above every layer that writes results (eval, analysis, mitigate, theory): it reads their files and
 reuses their figure builders and protocol registry, and nothing below it imports the report. Below `demo`,

@@ -1,7 +1,7 @@
 """The report's section "The family": the grid family's designs (NSA, MoBA, Activation Beacon) beside full
 attention and W8/S4 · 1 KV from the same run, from each model's family analysis (`phasekv.analysis.family`,
-DIR/analysis/family/<alias>/). Every table is built once as text cells and written both into the page and as
-Markdown (DIR/report/family.md), so a results page quotes exactly what the report says."""
+DIR/analysis/family/<alias>/). Every table is built once as text cells and written both into the page (the macro
+`titled` of templates/macros.html) and as Markdown (DIR/report/family.md), so a results page quotes exactly what the report says."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from phasekv.analysis.family import BRANCH_WORDS, LEARNED
-from phasekv.report import html
-from phasekv.report.html import esc, fmt
+from phasekv.report.html import fmt, interval
 from phasekv.report.layout import Layout
 from phasekv.report.load import Stage, Study, read_json
 
@@ -25,10 +24,6 @@ class Table:
     aliases: list[str | None] = field(default_factory=list)
 
 
-def _ci(x: float, ci) -> str:
-    return f"{fmt(x)} [{fmt(ci[0])}, {fmt(ci[1])}]"
-
-
 def _p(p) -> str:
     return "–" if p is None else f"{p:.4f}"
 
@@ -37,7 +32,7 @@ def grid_text(t: dict) -> str:
     """One grid's test in words: '"d = 4 (mod 24): weakest phase 3, p 0.0001, weak spot"'."""
     head = f"{t['grid']} = {t['period']} (mod {t['modulus']}): "
     if t["test"] == "gap":
-        return head + f"gap {_ci(t['gap'], t['gap_ci'])}, period {t['detected_period']} (no period test)"
+        return head + f"gap {interval(t['gap'], t['gap_ci'])}, period {t['detected_period']} (no period test)"
     spot = "periodic weak spot" if t["weak_spot"] else "none"
     return head + f"weakest phase {t['weakest_phase']}, p {_p(t['p_value'])}: {spot}"
 
@@ -68,8 +63,8 @@ def lookup_table(study: Study) -> Table:
         for padding, lk in s["lookup"].items():
             tests = [grid_text(t) for t in lk["grids"]] + [f"{p['grid']} = {p['period']}: not determinable"
                                                           for p in untested]
-            rows.append([label(study, alias, s), padding, _ci(lk["mean"], lk["mean_ci"]), fmt(lk["worst"]), fmt(lk["best"]),
-                         _ci(lk["gap"], lk["gap_ci"]), fmt(lk["detected_period"]), "; ".join(tests)])
+            rows.append([label(study, alias, s), padding, interval(lk["mean"], lk["mean_ci"]), fmt(lk["worst"]), fmt(lk["best"]),
+                         interval(lk["gap"], lk["gap_ci"]), fmt(lk["detected_period"]), "; ".join(tests)])
             aliases.append(alias)
     first = _ordered(study)[0][1].summary if rows else {}
     m = first.get("lookup", {}).get("prefix", {}).get("modulus")
@@ -100,8 +95,8 @@ def knockout_tables(study: Study) -> list[Table]:
             for c in run["conditions"]:
                 phases = ["; ".join(f"{g['grid']}: " + " / ".join(f"{x:.0f}" for x in g["phase_profile"])
                                     + f" (weakest {g['weakest_phase']}, p {_p(g['p_value'])})" for g in c["grids"])]
-                rows.append([_condition_word(c["condition"]), _ci(c["mean"], c["mean_ci"]), fmt(c["worst"]),
-                             fmt(c["best"]), _ci(c["gap"], c["gap_ci"]), fmt(c["detected_period"]), *phases])
+                rows.append([_condition_word(c["condition"]), interval(c["mean"], c["mean_ci"]), fmt(c["worst"]),
+                             fmt(c["best"]), interval(c["gap"], c["gap_ci"]), fmt(c["detected_period"]), *phases])
             what = {"branch_gates": "branch knockouts (gates fixed at evaluation: open branches 1, others 0)",
                     "oracle_blocks": "the oracle block (the target's block forced into every later query's "
                                      "selection)",
@@ -204,7 +199,7 @@ def design_sentence(name: str, s: dict) -> str:
 
 def _padding_finding(lk: dict, floor: float) -> tuple[str, list[str] | None]:
     """One padding's lookup in words and the grids with a periodic weak spot (None: at chance)."""
-    mean = f"mean {_ci(lk['mean'], lk['mean_ci'])}"
+    mean = f"mean {interval(lk['mean'], lk['mean_ci'])}"
     if lk["mean_ci"][0] <= floor:
         return mean + ", not above twice chance", None
     words, weak = [mean], []
@@ -212,9 +207,9 @@ def _padding_finding(lk: dict, floor: float) -> tuple[str, list[str] | None]:
         where = f"{t['grid']} = {t['period']}"
         if t["test"] == "gap":
             depends = "depends" if t["gap_ci"][0] > 0 else "does not measurably depend"
-            words.append(f"accuracy {depends} on t mod {t['period']} (gap {_ci(t['gap'], t['gap_ci'])})")
+            words.append(f"accuracy {depends} on t mod {t['period']} (gap {interval(t['gap'], t['gap_ci'])})")
             continue
-        words.append(f"{where}: gap {_ci(t['gap'], t['gap_ci'])}, p {_p(t['p_value'])}"
+        words.append(f"{where}: gap {interval(t['gap'], t['gap_ci'])}, p {_p(t['p_value'])}"
                      + (f", weakest phase {t['weakest_phase']}" if t["weak_spot"] else ", none"))
         weak += [where] if t["weak_spot"] else []
     return ", ".join(words), weak
@@ -231,11 +226,6 @@ def _masking(s: dict) -> str:
     whole = ", ".join(mask["learned_weak_at"]) or "no grid"
     verdict = "mask it" if mask["masks"] else "mask nothing"
     return f" Compressed branch alone periodic at {alone}, the model as trained at {whole}: its exact branches {verdict}."
-
-
-def to_html(t: Table) -> str:
-    return (f"<h3>{esc(t.title)}</h3>" + html.table([esc(h) for h in t.headers], [[esc(c) for c in r] for r in t.rows],
-                                                    t.aliases or None) + (f"<p>{esc(t.note)}</p>" if t.note else ""))
 
 
 def to_markdown(t: Table) -> str:

@@ -16,7 +16,8 @@ from phasekv.attention.compressor import learned_gates
 from phasekv.config import ModelConfig
 from phasekv.errors import DataError, PhaseKVError
 from phasekv.eval.protocols import FLIP, LOOKUP, PROTOCOLS, retrieval_protocols
-from phasekv.mitigate.repair import SCHEMA as REPAIR_SCHEMA
+from phasekv.mitigate.results import SCHEMA as REPAIR_SCHEMA
+from phasekv.mitigate.results import RepairResult
 from phasekv.report.layout import ANALYSES, RESULTS, SUMMARY, THEORY_CHECKS, Layout
 
 
@@ -58,7 +59,7 @@ class Study:
     theory: dict[str, Stage]  # minimisers | flow | coverage -> stage
     examples: list[dict]
     compare: Stage | None = None  # `phasekv compare` (schema phasekv.compare/1)
-    repair: dict | None = None  # `phasekv repair`: goals.json (schema phasekv.repair/2)
+    repair: RepairResult | None = None  # `phasekv repair`: goals.json (schema phasekv.repair/2)
 
     @property
     def lookup(self) -> dict[str, dict[str, Stage]]:
@@ -211,4 +212,5 @@ def load_study(root: str | Path) -> Study:
     if repair is not None and repair.get("schema") != REPAIR_SCHEMA:
         raise DataError(f"{goals}: schema {repair.get('schema')!r}, this phasekv reads {REPAIR_SCHEMA!r} (run "
                         "`phasekv repair` again)")
-    return Study(layout.root, manifest, models, evals, analyses, theory, examples, read_stage(layout.compare), repair)
+    return Study(layout.root, manifest, models, evals, analyses, theory, examples, read_stage(layout.compare),
+                 repair and RepairResult.from_dict(repair))

@@ -8,7 +8,7 @@ import pandas as pd
 from phasekv.config.names import PAPER_GRID
 from phasekv.eval.stats import phase_profile, profile_kind
 from phasekv.report import published
-from phasekv.report.html import fmt
+from phasekv.report.html import fmt, interval
 from phasekv.report.load import Model, Stage, Study
 
 
@@ -115,7 +115,7 @@ def gap_text(row: dict, tag: str = "") -> str:
     """A grid row's gap with its interval, '55.3 [50.7, 59.9]' (`tag`: the padding's column prefix)."""
     if tag + "gap" not in row:
         return "–"
-    return f"{fmt(row[tag + 'gap'])} [{fmt(row[tag + 'gap_lo'])}, {fmt(row[tag + 'gap_hi'])}]"
+    return interval(row[tag + "gap"], (row[tag + "gap_lo"], row[tag + "gap_hi"]))
 
 
 def spread_text(spread: pd.DataFrame) -> str:

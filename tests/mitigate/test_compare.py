@@ -19,6 +19,7 @@ from phasekv.eval.tokens import WordTokenizer
 from phasekv.mitigate import cli as mitigate_cli
 from phasekv.mitigate.compare import ROW_FIELDS, SCHEMA, Bench, compare
 from phasekv.mitigate.criteria import acceptance
+from phasekv.mitigate.results import CompareRow
 
 CFG = dict(records=12, demos=2, filler=8, modulus=4, per_group=16, mappings=4)
 
@@ -61,7 +62,7 @@ def test_summary_schema_and_costs(evals):
 
 
 def _row(label, compression, gap, gap_ci, mean, mean_ci):
-    return {"label": label, "compression": compression, "gap": gap, "gap_ci": gap_ci, "mean": mean, "mean_ci": mean_ci}
+    return CompareRow(label=label, compression=compression, gap=gap, gap_ci=gap_ci, mean=mean, mean_ci=mean_ci)
 
 
 def test_acceptance_check_with_intervals():
@@ -72,10 +73,10 @@ def test_acceptance_check_with_intervals():
             _row("big", 2.0, 1.0, [0.0, 2.0], 95.0, [94.0, 96.0])]  # compression too low
     c = acceptance(rows, "full", "base", 4.0, 2.0)
     assert c["passing"] == {"point": ["good"], "ci": ["good", "close"], "strict": []}
-    rows[2]["gap_ci"] = [3.0, 4.0]
+    rows[2].gap_ci = [3.0, 4.0]
     assert acceptance(rows, "full", "base", 4.0, 2.0)["passing"]["strict"] == ["good"]
     assert c["best"] == "good" and c["baseline_fails"]
-    rows[1]["gap_ci"] = [5.0, 30.0]  # the baseline's own gap may be within 2 x the reference's: nothing to repair
+    rows[1].gap_ci = [5.0, 30.0]  # the baseline's own gap may be within 2 x the reference's: nothing to repair
     assert not acceptance(rows, "full", "base", 4.0, 2.0)["baseline_fails"]
 
 
@@ -112,8 +113,8 @@ def test_cache_against_the_reference_and_against_the_same_kv_heads():
     from phasekv.mitigate.cost import add_costs
 
     cfgs = {n: ModelConfig.from_name(n) for n in ("Full attention · 1 KV", "W8/S6 · 4 KV")}
-    rows = [{"label": n, "ensemble_k": 1} for n in cfgs]
+    rows = [CompareRow(label=n, ensemble_k=1) for n in cfgs]
     add_costs(rows, cfgs, cfgs["Full attention · 1 KV"], 32768, Bench(reps=0), progress=False)
-    assert rows[1]["cache_rel"] == pytest.approx(11_219_072 / 16_777_216)
-    assert rows[1]["cache_same_kv"] == pytest.approx(11_219_072 / 67_108_864)
-    assert rows[0]["cache_rel"] == rows[0]["cache_same_kv"] == 1.0
+    assert rows[1].cache_rel == pytest.approx(11_219_072 / 16_777_216)
+    assert rows[1].cache_same_kv == pytest.approx(11_219_072 / 67_108_864)
+    assert rows[0].cache_rel == rows[0].cache_same_kv == 1.0
