@@ -12,10 +12,10 @@ import pandas as pd
 
 from phasekv import config
 from phasekv.eval.protocols import LOOKUP
-from phasekv.eval.stats import FLAT, FLAT_MARGIN, flatness, retrieves
+from phasekv.eval.stats import FLAT, FLAT_MARGIN, flatness
 from phasekv.report.load import Study, retrieval_evals
 from phasekv.report.published import CYCLING_R2
-from phasekv.report.tables import r2_grid
+from phasekv.report.tables import learned, r2_grid
 
 ALPHA = 0.05  # significance level for "periodic"
 
@@ -36,14 +36,6 @@ def periodic(s: dict, stride: int) -> bool:
     """Significant power at the stride's period and a detected period equal to the stride."""
     p = (s.get("periodicity") or {}).get("p_value")
     return p is not None and p < ALPHA and s.get("detected_period") == stride
-
-
-def learned(s: dict) -> bool:
-    """Retrieves well above chance: the mean's interval above twice chance (1 of `records` names); without
-    the record count there is no chance level to compare with, and the run counts as learned."""
-    if not s.get("records"):
-        return True
-    return retrieves(s.get("mean_ci") or [s["mean"]], 100.0 / s["records"])
 
 
 def entries_per_record(s: dict, stride: int) -> tuple[float, str] | None:

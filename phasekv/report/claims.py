@@ -17,8 +17,9 @@ from phasekv.config.names import DEFAULTS, parse_name, seed_of, unseeded
 from phasekv.errors import ModelNameError
 from phasekv.eval.stats import FLAT, FLAT_MARGIN, NOT_FLAT, clopper_pearson, flat_rule, flatness
 from phasekv.report import published as pub
-from phasekv.report.checks import learned, periodic, repair_aliases
+from phasekv.report.checks import periodic, repair_aliases
 from phasekv.report.load import Study
+from phasekv.report.tables import learned
 
 REPRODUCED, NOT_REPRODUCED, UNTESTABLE = "reproduced", "not reproduced", "not testable here"
 VARIES = "varies with the seed"  # reproduced at some of the seeds it was tested at, not at others
@@ -351,6 +352,31 @@ def verdicts(f: Facts) -> list[Verdict]:
         (seed, g), = seeds.items()
         return [rule(f) if rule in SEEDLESS else at_seed_of(rule(g), seed) for rule in RULES]
     return [rule(f) if rule in SEEDLESS else over_seeds({s: rule(g) for s, g in seeds.items()}) for rule in RULES]
+
+
+@dataclass
+class SeedTable:
+    """Every claim's verdict at each seed of a directory, and the models that did not learn at each (never read)."""
+
+    seeds: list[int]
+    verdicts: dict[str, dict[int, str]]  # claim -> seed -> its verdict there
+    unlearned: dict[int, list[str]]  # seed -> the models that did not learn the lookup there (either padding)
+
+    def varying(self) -> list[str]:
+        """The claims whose verdict changes with the seed (among the seeds where they could be tested)."""
+        return [c for c, by in self.verdicts.items() if len({v for v in by.values() if v != UNTESTABLE}) > 1]
+
+
+def seed_table(f: Facts) -> SeedTable | None:
+    """The claims at each seed (`by_seed`) side by side; None with one seed."""
+    seeds = by_seed(f)
+    if len(seeds) < 2:
+        return None
+    found = {s: verdicts(g) for s, g in seeds.items()}
+    table = {v.claim: {s: found[s][i].verdict for s in seeds} for i, v in enumerate(found[next(iter(seeds))])
+             if RULES[i] not in SEEDLESS}
+    unlearned = {s: sorted({n for p in g.lookup for n in usable(g, p)[1]}) for s, g in seeds.items()}
+    return SeedTable(list(seeds), table, unlearned)
 
 
 def at_seed_of(v: Verdict, seed: int) -> Verdict:

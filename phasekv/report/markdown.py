@@ -11,7 +11,7 @@ import pandas as pd
 from phasekv.errors import DataError
 from phasekv.report.html import fmt
 from phasekv.report.layout import Layout
-from phasekv.report.tables import gap_text, seed_spread, spread_text
+from phasekv.report.tables import seed_cell
 
 
 def _period(x) -> str:
@@ -32,24 +32,22 @@ def claims_markdown(root: str | Path) -> str:
 
 
 def grid_markdown(root: str | Path) -> str:
-    """Every run of the grid: mean, worst, best, gap [95%] and period under each padding, the published values."""
+    """Every design of the grid that was run: mean, worst, best, gap [95%] and period under each padding (at several
+    seeds: the mean over them with their range, each seed's period), the published values."""
     df = pd.read_csv(_read(Layout(root).grid))
     tags = [""] + [c[: -len("mean")] for c in df.columns if c.endswith("_mean") and not c.startswith("pub_")]
-    head = ["model"]
+    several = "n_seeds" in df and bool((df.n_seeds > 1).any())
+    head = ["model", *(["seeds"] if several else [])]
     for tag in tags:
         head += [f"{tag.rstrip('_') or 'prefix'}: mean", "worst", "best", "gap [95%]", "period"]
     lines = ["| " + " | ".join(head + ["published: mean / worst / gap"]) + " |", "|" + "---|" * (len(head) + 1)]
     for r in df[df.run].to_dict("records"):
-        cells = [r["model"]]
+        cells = [r["model"], *([str(r["seeds"])] if several else [])]
         for tag in tags:
-            cells += [fmt(r[tag + "mean"]), fmt(r[tag + "worst"]), fmt(r[tag + "best"]), gap_text(r, tag),
-                      _period(r[tag + "detected_period"])]
+            cells += [seed_cell(r, k, tag) for k in ("mean", "worst", "best", "gap")]
+            cells.append(str(r[tag + "periods"]) if several else _period(r[tag + "detected_period"]))
         pub = "–" if pd.isna(r["pub_mean"]) else f"{fmt(r['pub_mean'])} / {fmt(r['pub_worst'])} / {fmt(r['pub_gap'])}"
         lines.append("| " + " | ".join(cells + [pub]) + " |")
-    spread = seed_spread(df)
-    if spread is not None:
-        lines += ["", f"Seed-to-seed spread of W8/S8 · 1 KV over {int(spread.seeds.iloc[0])} seed(s), prefix padding: "
-                  f"{spread_text(spread)}"]
     return "\n".join(lines)
 
 

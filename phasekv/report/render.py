@@ -91,7 +91,9 @@ def section_verdicts(b: Builder) -> None:
     b.section("verdicts", "What these numbers show", "verdicts.html", groups=checks.all_checks(b.study))
 
 
-VERDICT_CLASS = {claims.REPRODUCED: "pass", claims.NOT_REPRODUCED: "fail", claims.UNTESTABLE: "na"}
+VERDICT_CLASS = {claims.REPRODUCED: "pass", claims.NOT_REPRODUCED: "fail", claims.VARIES: "varies",
+                 claims.UNTESTABLE: "na"}
+SEED_MARK = {claims.REPRODUCED: "✓", claims.NOT_REPRODUCED: "✗", claims.UNTESTABLE: "–"}  # the seed table's cells
 
 
 def _published_text(evidence: dict) -> str:
@@ -106,33 +108,48 @@ def _published_text(evidence: dict) -> str:
 
 def section_claims(b: Builder) -> None:
     """The study's claims C1-C10 (docs: The study and its claims), each with its computed verdict; also written as report/claims.json."""
-    found = [v.to_dict() for v in claims.verdicts(claims.facts(b.study))]
+    facts = claims.facts(b.study)
+    found = [v.to_dict() for v in claims.verdicts(facts)]
     write_json(Layout(b.study.root).claims, found, indent=1)
     rows = [v | {"cls": VERDICT_CLASS[v["verdict"]], "published": _published_text(v["evidence"])} for v in found]
+    tally = {k: sum(v["verdict"] == k for v in found) for k in VERDICT_CLASS}
     b.section("claims", "The study's claims", "claims.html", claims=rows, source=published.SOURCE,
-              tally={k: sum(v["verdict"] == k for v in found) for k in VERDICT_CLASS}, padding=claims.PADDING)
+              tally={k: n for k, n in tally.items() if n or k != claims.VARIES}, padding=claims.PADDING,
+              seeds=_seed_rows(claims.seed_table(facts)))
+
+
+def _seed_rows(t: claims.SeedTable | None) -> dict | None:
+    """The claims at each seed as the report's table (✓ reproduced, ✗ not, – not testable), with the claims that
+    change with the seed and the models that did not learn at each seed; None with one seed."""
+    if t is None:
+        return None
+    rows = [[c, *(Styled(SEED_MARK[by[s]], VERDICT_CLASS[by[s]]) for s in t.seeds)] for c, by in t.verdicts.items()]
+    return {"headers": ["claim", *(f"seed {s}" for s in t.seeds)], "rows": rows, "varying": t.varying(),
+            "unlearned": {s: ", ".join(ms) for s, ms in t.unlearned.items() if ms}}
 
 
 def section_grid(b: Builder) -> None:
-    """Figure 2 as a table: every run of the paper's grid, ours beside the published values; also grid.csv."""
+    """Figure 2 as a table: every design of the paper's grid, ours beside the published values (a design at several
+    seeds one row: the mean over them and their range); also grid.csv."""
     df = tables.grid_table(b.study)
     write_text(Layout(b.study.root).grid, df.to_csv(index=False))
     other = [p for p in b.study.lookup if p != claims.PADDING]
+    several = bool((df.n_seeds > 1).any())
     rows = []
     for r in df.to_dict("records"):
         loss = f" (val. loss {r['pub_val_loss']:.3f})" if r["pub_val_loss"] == r["pub_val_loss"] else ""
         pub = (html.published(f"{r['model']}: {r['pub_mean']:.1f} / {r['pub_worst']:.1f} / {r['pub_gap']:.1f}{loss}")
                if r["pub_mean"] == r["pub_mean"] else "–")
-        ours = [fmt(r.get(k)) for k in ("mean", "worst", "best")] if r["run"] else ["not run here", "", ""]
-        rows.append([r["model"], fmt(r["val_loss"], 3), *ours, tables.gap_text(r) if r["run"] else "",
-                     _int(r.get("detected_period")) if r["run"] else "",
-                     *(tables.gap_text(r, f"{p}_") if r["run"] else "" for p in other), pub])
-    headers = ["model", "val. loss", "mean", "worst", "best", "gap [95%]", "period", *(f"{p} gap [95%]" for p in other),
+        ours = [tables.seed_cell(r, k) for k in ("mean", "worst", "best", "gap")] if r["run"] else ["not run here"]
+        ours += [r["periods"] if several else _int(r.get("detected_period")),
+                 *(tables.seed_cell(r, "gap", f"{p}_") for p in other)] if r["run"] else [""] * (len(other) + 4)
+        seeds = [f"{r['seeds']} ({r['learned']} learned)" if r["run"] else ""] if several else []
+        rows.append([r["model"], *seeds, fmt(r["val_loss"], 3), *ours, pub])
+    headers = ["model", *(["seeds"] if several else []), "val. loss", "mean", "worst", "best", "gap [95%]",
+               "period", *(f"{p} gap [95%]" for p in other),
                html.published(f"{published.SOURCE}: mean / worst / gap (val. loss)")]
-    spread = tables.seed_spread(df)
     b.section("grid", "The grid (Figure 2)", "grid.html", headers=headers, rows=rows, padding=claims.PADDING,
-              models=[a if r else None for a, r in zip(df.alias, df.run, strict=True)],
-              spread=None if spread is None else (int(spread.seeds.iloc[0]), tables.spread_text(spread)))
+              models=[a if r else None for a, r in zip(df.alias, df.run, strict=True)], several=several)
 
 
 def section_runs(b: Builder) -> None:

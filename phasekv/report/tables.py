@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from phasekv.config.names import PAPER_GRID
-from phasekv.eval.stats import phase_profile, profile_kind
+from phasekv.config.names import PAPER_GRID, seed_of, unseeded
+from phasekv.errors import ModelNameError
+from phasekv.eval.stats import phase_profile, profile_kind, retrieves
 from phasekv.report import published
 from phasekv.report.html import fmt, interval
 from phasekv.report.load import Model, Stage, Study
@@ -89,26 +90,73 @@ def r2_grid(study: Study) -> pd.DataFrame | None:
     return pd.DataFrame(rows) if rows else None
 
 
+def learned(s: dict) -> bool:
+    """Retrieves well above chance: the mean's interval above twice chance (1 of `records` names); without
+    the record count there is no chance level to compare with, and the run counts as learned."""
+    if not s.get("records"):
+        return True
+    return retrieves(s.get("mean_ci") or [s["mean"]], 100.0 / s["records"])
+
+
+SPREAD_KEYS = ("mean", "worst", "best", "gap")  # with a range over seeds (`_min`, `_max`)
+
+
 def grid_table(study: Study) -> pd.DataFrame:
-    """Figure 2 of the paper as a table: every run of its grid (docs: The study and its claims), then any other model of the study, with
-    our lookup summary under each padding (NaN where not run) and the published values beside them."""
-    names = {m.name: a for a, m in study.models.items()}
+    """Figure 2 of the paper as a table: every design of its grid (docs: The study and its claims), then any other
+    model of the study, with our lookup summary under each padding (NaN where not run) and the published values
+    beside them. A design run at several seeds is one row: the mean over its seeds, their range (`KEY_min`,
+    `KEY_max`), its seeds, how many learned the lookup, and each seed's detected period."""
+    designs: dict[str, list[str]] = {unseeded(n): [] for n in PAPER_GRID}
+    for alias, m in study.models.items():
+        designs.setdefault(unseeded(m.name), []).append(alias)
     rows = []
-    for name in [*PAPER_GRID, *(n for n in names if n not in PAPER_GRID)]:
-        alias = names.get(name)
-        pub = published.LOOKUP_PREFIX.get(name, (np.nan,) * 3)
-        row = {"model": name, "alias": alias, "run": alias is not None,
-               "val_loss": val_loss(study.models[alias]) if alias else None,
-               "pub_val_loss": published.VAL_LOSS.get(name, np.nan), "pub_mean": pub[0], "pub_worst": pub[1],
+    for design, aliases in designs.items():
+        pub = published.LOOKUP_PREFIX.get(design, (np.nan,) * 3)
+        losses = [val_loss(study.models[a]) for a in aliases]
+        row = {"model": design, "alias": aliases[0] if aliases else None, "run": bool(aliases),
+               "seeds": ", ".join(_seed(study.models[a]) for a in aliases), "n_seeds": len(aliases),
+               "val_loss": _mean([x for x in losses if x is not None]),
+               "pub_val_loss": published.VAL_LOSS.get(design, np.nan), "pub_mean": pub[0], "pub_worst": pub[1],
                "pub_gap": pub[2]}
         for padding, stages in study.lookup.items():
-            s = stages[alias].summary if alias in stages else {}
-            lo, hi = s.get("gap_ci") or (np.nan, np.nan)
-            tag = "" if padding == published.PROTOCOL[1] else f"{padding}_"
-            row.update({f"{tag}{k}": s.get(k, np.nan) for k in ("mean", "worst", "best", "gap", "detected_period")})
-            row.update({f"{tag}gap_lo": lo, f"{tag}gap_hi": hi})
+            row |= _padding_columns([stages[a].summary for a in aliases if a in stages],
+                                    "" if padding == published.PROTOCOL[1] else f"{padding}_")
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _seed(m: Model) -> str:
+    """The seed a model's paper name states (a model without one, e.g. a Hugging Face model: its run's, if any)."""
+    try:
+        return str(seed_of(m.name))
+    except ModelNameError:
+        return str(m.run.get("seed", "?"))
+
+
+def _mean(xs: list) -> float:
+    return float(np.mean(xs)) if xs else np.nan
+
+
+def _padding_columns(summaries: list[dict], tag: str) -> dict:
+    """A design's columns under one padding (`tag`: its prefix) from its seeds' lookup summaries."""
+    values = {k: [s.get(k, np.nan) for s in summaries] for k in ("mean", "worst", "best", "gap", "detected_period")}
+    values["gap_lo"] = [(s.get("gap_ci") or (np.nan,) * 2)[0] for s in summaries]
+    values["gap_hi"] = [(s.get("gap_ci") or (np.nan,) * 2)[1] for s in summaries]
+    periods = values.pop("detected_period")
+    out = {f"{tag}{k}": _mean(v) for k, v in values.items()}
+    out |= {f"{tag}{k}_{f.__name__}": f(values[k]) if summaries else np.nan for k in SPREAD_KEYS for f in (min, max)}
+    common = max(set(periods), key=periods.count) if periods else np.nan
+    out |= {f"{tag}detected_period": common, f"{tag}periods": ", ".join(str(p) for p in periods),
+            f"{tag}learned": sum(learned(s) for s in summaries)}
+    return out
+
+
+def seed_cell(row: dict, key: str, tag: str = "") -> str:
+    """A grid row's `key` as the table shows it: the value (the gap with its interval) at one seed; at several
+    the mean over the seeds and their range, '55.3 (40.1–70.2)'."""
+    if row.get("n_seeds", 1) > 1:
+        return f"{fmt(row[tag + key])} ({fmt(row[f'{tag}{key}_min'])}–{fmt(row[f'{tag}{key}_max'])})"
+    return gap_text(row, tag) if key == "gap" else fmt(row.get(tag + key))
 
 
 def gap_text(row: dict, tag: str = "") -> str:
@@ -116,19 +164,3 @@ def gap_text(row: dict, tag: str = "") -> str:
     if tag + "gap" not in row:
         return "–"
     return interval(row[tag + "gap"], (row[tag + "gap_lo"], row[tag + "gap_hi"]))
-
-
-def spread_text(spread: pd.DataFrame) -> str:
-    """`seed_spread` in words: 'mean 39.5 (SD 7.0, range 32.2–47.6); worst ...; gap ...'."""
-    return "; ".join(f"{k} {spread.at['mean', k]:.1f} (SD {fmt(spread.at['std', k])}, range {spread.at['min', k]:.1f}–"
-                     f"{spread.at['max', k]:.1f})" for k in ("mean", "worst", "gap"))
-
-
-def seed_spread(grid: pd.DataFrame, name: str = "W8/S8 · 1 KV") -> pd.DataFrame | None:
-    """Seed-to-seed spread (mean, SD, min, max over the seeds run) of `name`'s mean, worst and gap."""
-    seeds = grid[(grid.model == name) | grid.model.str.startswith(name + " · seed")]
-    seeds = seeds[seeds["mean"].notna()] if "mean" in seeds else seeds.iloc[:0]
-    if seeds.empty:
-        return None
-    stats = seeds[["mean", "worst", "gap"]].astype(float).agg(["mean", "std", "min", "max"])
-    return stats.assign(seeds=len(seeds))

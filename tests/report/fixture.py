@@ -165,10 +165,10 @@ def compare_stage(out: Path) -> None:
                                   "context": 32768, "models": rows, "criteria": {"note": "fixture: no mitigations"}})
 
 
-def make_study(root: Path, seed: int = 0) -> Path:
+def make_study(root: Path, seed: int = 0, models: list[str] = MODELS) -> Path:
     rng = np.random.default_rng(seed)
     lay = Layout(root)
-    for alias in MODELS:
+    for alias in models:
         cfg = ModelConfig.from_name(alias, preset="tiny")
         run_dir(lay.run(alias), cfg, rng)
         for padding in ("prefix", "in-sequence"):
@@ -183,5 +183,5 @@ def make_study(root: Path, seed: int = 0) -> Path:
     _write(lay.examples, {"examples": [{"title": "prefix padding, residue 1", "words": words,
                                         "highlight": {"target": [1], "answer": [2], "query": [5]}}]})
     _write(lay.manifest, {"mode": "fixture", "preset": "tiny", "seconds": 123.0, "threads": 1,
-                          "models": {a: {} for a in MODELS}})
+                          "models": {a: {} for a in models}})
     return root

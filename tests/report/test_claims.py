@@ -1,6 +1,7 @@
 """Each claim's verdict rule on synthetic summaries: a reproduced case, a not-reproduced case, and what it needs."""
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from phasekv.report import claims
@@ -219,3 +220,21 @@ def test_claims_at_one_other_seed_are_read_on_its_runs_and_name_it():
     c4 = next(v for v in claims.verdicts(f) if v.claim == "C4")
     assert c4.verdict == REPRODUCED and c4.reason.startswith("At seed 7:") and c4.evidence["seeds"] == [7]
     assert claims.verdicts(facts(**{W8S8: lookup(PERIODIC)}))[3].reason.startswith(W8S8)  # the default: unchanged
+
+
+def test_report_reads_a_directory_of_several_seeds(tmp_path):
+    """The report of a directory holding its models at two seeds: the claims at each seed (a table, the claims that
+    change with the seed), the grid one row per design with its seeds, the Markdown grid likewise."""
+    from fixture import make_study
+
+    from phasekv.report import render_report
+    from phasekv.report.markdown import grid_markdown
+
+    root = make_study(tmp_path / "seeds", models=["full-1kv", "w8s8-1kv", "full-1kv-seed43", "w8s8-1kv-seed43"])
+    page = render_report(root, progress=False).read_text()
+    assert "At each seed" in page and "seed 43" in page
+    grid = pd.read_csv(root / "report" / "grid.csv")
+    w8s8 = grid[grid.model == W8S8].iloc[0]
+    assert w8s8.n_seeds == 2 and w8s8.seeds == "42, 43" and w8s8.mean_min <= w8s8["mean"] <= w8s8.mean_max
+    assert not grid.model.str.contains("seed").any()
+    assert "42, 43" in grid_markdown(root)
