@@ -49,14 +49,13 @@ def main() -> None:
     stages._setup()
     cfg = ModelConfig.from_name(a.model, preset=plan.preset)
     tag = a.tag or "base"
-    run_dir = Path(a.out) / tag / f"{cfg.alias}-seed{a.seed}"
+    name = f"{cfg.alias}-seed{a.seed}" + ("" if a.data_seed is None else f"-data{a.data_seed}")
+    run_dir = Path(a.out) / tag / name
     tc = stages.train_config(plan, cfg.name, str(run_dir))
     changes = _pairs(a.set)
     data = dataclasses.replace(tc.data, recall=dataclasses.replace(tc.data.recall, **_pairs(a.recall)))
-    tc = dataclasses.replace(tc, seed=a.seed, val_every=a.val_every, ckpt_every=10**6, gate_steps="none",
-                             data=data, **changes)
-    if a.data_seed is not None:
-        tc = dataclasses.replace(tc, data_seed=a.data_seed)
+    tc = dataclasses.replace(tc, seed=a.seed, data_seed=a.data_seed, val_every=a.val_every, ckpt_every=10**6,
+                             gate_steps="none", data=data, **changes)
     from phasekv.train import train
 
     t0 = time.process_time()
@@ -67,7 +66,7 @@ def main() -> None:
     row = {"plan": a.plan, "model": cfg.name, "seed": a.seed, "data_seed": a.data_seed, "tag": tag,
            "set": changes, "recall": _pairs(a.recall), "heldout": curve, "train_cpu_s": round(train_cpu)}
     for padding in a.paddings.split(","):
-        out = Path(a.out) / tag / "eval" / padding / f"{cfg.alias}-seed{a.seed}"
+        out = Path(a.out) / tag / "eval" / padding / name
         s = stages.retrieval(plan.to_dict(), str(run_dir), str(out), "lookup", padding)
         row[padding] = {**{k: s.get(k) for k in ("mean", "mean_ci", "gap", "gap_ci", "detected_period")},
                         "p": (s.get("periodicity") or {}).get("p_value")}
