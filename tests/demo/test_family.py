@@ -1,7 +1,7 @@
 """`phasekv study --family`: the plan (the demo's recipe for the designs and the baselines) and its task graph."""
 
 from phasekv.config import ModelConfig
-from phasekv.demo.plan import FAMILY, FAMILY_WARM, WARM_STEPS, family_plan, plan_for
+from phasekv.demo.plan import FAMILY, FAMILY_WARM, NSA_STEPS, WARM_STEPS, family_plan, plan_for
 from phasekv.demo.runner import build_tasks, discard
 from phasekv.demo.stages import train_config
 
@@ -10,12 +10,14 @@ def test_family_plan_keeps_the_demos_recipe():
     plan, demo = family_plan(quick=False), plan_for(quick=False)
     assert plan.kind == "family" and plan.preset == "tiny" and not plan.repairs()
     assert [ModelConfig.from_name(m).family for m in plan.models] == [None, None, "nsa", "moba", "beacon"]
-    for m in plan.models:  # the baselines as in the demo, NSA as its full attention (1,000 steps), MoBA and Beacon
-        own = demo.training_of(m if m in demo.models else "Full attention · 1 KV")  # continue that full attention
+    for m in plan.models:  # the baselines as in the demo, NSA at its 1,000 steps, MoBA and Beacon continue that
+        own = demo.training_of(m if m in demo.models else "Full attention · 1 KV")  # full attention
         warm = {"steps": WARM_STEPS, "init_from": "Full attention · 1 KV"} if m in FAMILY_WARM else {}
-        assert plan.training_of(m) == own | warm
+        nsa = {"steps": NSA_STEPS} if m == FAMILY[0] else {}
+        assert plan.training_of(m) == own | warm | nsa
         assert plan.recall_of(m) == demo.recall_of("W8/S4 · 1 KV")
-    assert plan.training_of("Full attention · 1 KV")["steps"] == 1000 and plan.steps_of("W8/S4 · 1 KV") == 600
+    assert plan.training_of("Full attention · 1 KV")["steps"] == 2000 and plan.steps_of("W8/S4 · 1 KV") == 600
+    assert plan.steps_of(FAMILY[0]) == NSA_STEPS == 1000
     assert family_plan(quick=True).steps_of(FAMILY[0]) == plan_for(quick=True).steps
     assert set(FAMILY_WARM) == set(FAMILY[1:]) and "continued from Full attention · 1 KV, 600 steps" in plan.steps_text()
 

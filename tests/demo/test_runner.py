@@ -154,7 +154,7 @@ def test_training_per_model_and_longest_training_first(tmp_path):
     assert plan.sequences_of("full-1kv") > plan.sequences_of("W8/S4 · 1 KV") == plan.steps * plan.batch_size
     assert plan.training_of("W8/S4 · 1 KV") == {"steps": plan.steps, "batch_size": plan.batch_size, "lr": plan.lr}
     assert plan_for(quick=True).per_model == {"W3/S2 · 1 KV": {"recall": {"gap_prob": 0.5}}}  # what, not how long
-    assert "(Full attention · 1 KV: 1000 steps)" in plan.steps_text()
+    assert "(Full attention · 1 KV: 2000 steps)" in plan.steps_text()
     assert "records growing from 1 over the first 400 steps" in plan.steps_text()
     trainings = [t for t in build_tasks(tmp_path, plan) if t.name.startswith("train ")]
     assert trainings[0].name == "train full-1kv"  # the critical path starts first (in model order among equals)
