@@ -2,18 +2,21 @@
 
 `EvalModel.last_logits(ids)` returns the next-token logits at the last position only: phasekv models
 prefill long prompts chunk by chunk through their decode cache (memory grows with the cache, not T^2),
-Hugging Face models are asked for the last position's logits only. A model served by an inference engine
-(`phasekv.eval.engine.EngineModel`) scores the same prompts through HTTP requests instead.
+Hugging Face models are asked for the last position's logits only. `score` and `candidate_logprobs` are the
+two ways an evaluation reads a model (retrieval's top-1, the flip test's candidates). A model served by an
+inference engine (`phasekv.eval.engine.EngineModel`) scores the same prompts through HTTP requests instead.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from phasekv.eval.prompts import Prompt
 from phasekv.eval.tokens import WordTokenizer
 from phasekv.model.hf import EVAL_KEY, compression_layout
 from phasekv.train.run import open_model
@@ -46,15 +49,11 @@ class EvalModel:
         return last_logits(self.model, ids)
 
     def score(self, prompts, protocol: str, batch_size: int = 32):
-        """Rows of scored prompts, a list per batch (`phasekv.eval.run.score` on this model)."""
-        from phasekv.eval.run import score  # run.py imports this module
-
+        """Rows of scored prompts, a list per batch (`score` on this model)."""
         return score(self.model, self.tok, prompts, protocol, batch_size)
 
     def candidate_logprobs(self, ids: list[int], cands: list[list[int]]) -> list[float]:
-        """log P(candidate | ids) per candidate (`phasekv.eval.flip.candidate_logprobs` on this model)."""
-        from phasekv.eval.flip import candidate_logprobs  # flip.py imports this module
-
+        """log P(candidate | ids) per candidate (`candidate_logprobs` on this model)."""
         return candidate_logprobs(self.model, ids, cands)
 
 
@@ -74,6 +73,60 @@ def last_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
         out = model(input_ids=ids)
     logits = out.logits if hasattr(out, "logits") else out
     return logits[:, -1].float()
+
+
+@torch.no_grad()
+def all_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Logits at every position of ids (B, T), (B, T, V) float32, for a PhaseLM or a transformers causal LM."""
+    logits = model(ids) if hasattr(model, "new_cache") else model(input_ids=ids).logits
+    return logits.float()
+
+
+def score(model: torch.nn.Module, tok: WordTokenizer, prompts: Iterable[Prompt], protocol: str,
+          batch_size: int = 32) -> Iterator[list[dict]]:
+    """Full-vocabulary top-1 and the answer's probability at each prompt's query; yields rows per batch.
+    Prompts of one run all have the same length (fixed query position), so batches need no padding."""
+    device = next(model.parameters()).device
+    batch: list[Prompt] = []
+
+    def run(batch: list[Prompt]) -> list[dict]:
+        ids = torch.tensor([p.ids for p in batch], dtype=torch.long, device=device)  # (B, T)
+        logits = last_logits(model, ids)  # (B, V)
+        probs = torch.softmax(logits, dim=-1)
+        pred = logits.argmax(-1).tolist()
+        answer = torch.tensor([p.answer for p in batch], device=device)
+        p_ans = probs.gather(1, answer[:, None])[:, 0].tolist()
+        return [
+            {"pid": p.pid, "residue": p.residue, "target_pos": p.target_pos, "query_pos": p.query_pos,
+             "target_index": p.target_index, "mapping": p.mapping, "answer": p.answer, "answer_word": p.answer_word,
+             "pred": pr, "pred_word": tok.decode_id(pr), "correct": pr == p.answer, "prob": pa, "protocol": protocol}
+            for p, pr, pa in zip(batch, pred, p_ans, strict=True)
+        ]
+
+    for p in prompts:
+        batch.append(p)
+        if len(batch) == batch_size:
+            yield run(batch)
+            batch = []
+    if batch:
+        yield run(batch)
+
+
+@torch.no_grad()
+def candidate_logprobs(model: torch.nn.Module, ids: list[int], cands: list[list[int]]) -> list[float]:
+    """log P(candidate | ids) for each candidate (teacher forcing beyond its first token)."""
+    device = next(model.parameters()).device
+    x = torch.tensor([ids], device=device)
+    first = torch.log_softmax(last_logits(model, x), -1)[0]  # (V,)
+    out = []
+    for c in cands:
+        lp = float(first[c[0]])
+        if len(c) > 1:
+            y = torch.tensor([ids + c[:-1]], device=device)
+            lps = torch.log_softmax(all_logits(model, y)[0, len(ids):], -1)  # (len(c)-1, V)
+            lp += float(lps.gather(1, torch.tensor(c[1:], device=device)[:, None]).sum())
+        out.append(lp)
+    return out
 
 
 def resolve_device(spec: str | torch.device) -> str | torch.device:
