@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from phasekv.errors import ConfigError
 from phasekv.eval.prompts import Prompt
 from phasekv.eval.tokens import WordTokenizer
 from phasekv.model.hf import EVAL_KEY, compression_layout
@@ -63,16 +64,47 @@ def last_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     if hasattr(model, "new_cache"):  # PhaseLM
         if ids.shape[1] <= PREFILL_CHUNK:
             return model(ids, last=True).float()  # (B, V): the last layer and LM head at the last position only
-        cache = model.new_cache(ids.shape[0])
-        for s in range(0, ids.shape[1], PREFILL_CHUNK):
-            out = model(ids[:, s : s + PREFILL_CHUNK], cache=cache)  # (B, chunk, V)
-        return out[:, -1].float()
+        return Continuation(model, ids.shape[0]).feed(ids)
     try:
         out = model(input_ids=ids, logits_to_keep=1)
     except TypeError:  # older transformers / custom code without logits_to_keep
         out = model(input_ids=ids)
     logits = out.logits if hasattr(out, "logits") else out
     return logits[:, -1].float()
+
+
+class Continuation:
+    """Sequences continued through a model's decode cache: each `feed` runs tokens (B, T) after those fed before and
+    returns the next token's logits (B, V) float32. A PhaseLM keeps its `new_cache` (a long feed goes through it in
+    chunks of PREFILL_CHUNK tokens), a transformers model its `cache`."""
+
+    def __init__(self, model: torch.nn.Module, batch: int = 1):
+        self.model, self.phaselm = model, hasattr(model, "new_cache")
+        self.cache = model.new_cache(batch) if self.phaselm else None
+
+    @torch.no_grad()
+    def feed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.phaselm:
+            for s in range(0, ids.shape[1], PREFILL_CHUNK):
+                out = self.model(ids[:, s : s + PREFILL_CHUNK], cache=self.cache)  # (B, chunk, V)
+            return out[:, -1].float()
+        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1)
+        if out.cache is None:
+            raise ConfigError(f"{type(self.model).__name__} returns no decode cache to continue")
+        self.cache = out.cache
+        return out.logits[:, -1].float()
+
+
+def greedy(model: torch.nn.Module, ids: list[int]) -> Iterator[int]:
+    """The greedy continuation of the prompt `ids`, token by token, through the model's decode cache: the prompt
+    costs one prefill, every further token the caller asks for one one-token forward."""
+    device = next(model.parameters()).device
+    run = Continuation(model)
+    logits = run.feed(torch.tensor([ids], device=device))  # (1, V)
+    while True:
+        token = int(logits[0].argmax())
+        yield token
+        logits = run.feed(torch.tensor([[token]], device=device))
 
 
 @torch.no_grad()
