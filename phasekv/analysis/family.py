@@ -43,9 +43,10 @@ from phasekv.analysis.common import as_eval_model, provenance, write_outputs
 from phasekv.analysis.hooks import attention_modules
 from phasekv.analysis.knockout import effect_table, spread_pids
 from phasekv.eval.design import exact_unit
+from phasekv.eval.models import score
 from phasekv.eval.prompts import PADDINGS, Prompt, PromptConfig, RetrievalPrompts
 from phasekv.eval.ratios import MIN_PER_GROUP, PeriodPlan, plan_period, ratio_tests
-from phasekv.eval.run import COLUMNS, run_retrieval, score
+from phasekv.eval.run import COLUMNS, run_retrieval
 from phasekv.eval.stats import retrieves, summarize
 from phasekv.progress import progress_bar
 

@@ -1,19 +1,16 @@
 """Paper-style model names (`W8/S8 · 1 KV · no RoPE`) and ASCII aliases (`w8s8-1kv-norope`).
 
 The one place that maps names to config fields and back. Every config prints its name, and
-`parse_name(format_name(cfg))` and `parse_name(format_alias(cfg))` give back the same fields.
+`parse_name(format_name(cfg))` and `parse_name(format_alias(cfg))` give back the same fields. `cfg` is a
+`ModelConfig` (or anything with its fields): `phasekv.config.model` imports this module, not the reverse.
 """
 
 from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import TYPE_CHECKING
 
 from phasekv.errors import ConfigError, ModelNameError
-
-if TYPE_CHECKING:
-    from phasekv.config.model import ModelConfig
 
 SEP = " · "
 DEEPSEEK = dict(window=8, stride=4, n_kv_heads=1, gate="vector", tied_kv=True, rope_dims=16, compressor="paper")
@@ -181,7 +178,7 @@ def _parse_attribute(name: str, key: str, part: str, ascii_: bool) -> dict:
     raise _err(name, part)
 
 
-def _attributes(cfg: ModelConfig, ascii_: bool) -> list[str]:
+def _attributes(cfg, ascii_: bool) -> list[str]:
     """The non-default attributes of `cfg`, in print order; those its head or the V4 compressor imply are left out."""
     out = []
     deepseek, v4 = _is_deepseek(cfg), cfg.compressor == "v4"
@@ -206,12 +203,12 @@ def _number(v) -> str:
     return str(int(v)) if float(v).is_integer() else format(Decimal(repr(float(v))), "f")
 
 
-def _is_deepseek(cfg: ModelConfig) -> bool:
+def _is_deepseek(cfg) -> bool:
     shape = dict(DEEPSEEK, gate=cfg.gate if cfg.gate in ("vector", "scalar") else None)
     return all(getattr(cfg, k) == v for k, v in shape.items())
 
 
-def _head(cfg: ModelConfig, ascii_: bool) -> list[str]:
+def _head(cfg, ascii_: bool) -> list[str]:
     if _is_deepseek(cfg):
         return ["deepseek"] if ascii_ else ["DeepSeek-style kernel"]
     kv = f"{cfg.n_kv_heads}kv" if ascii_ else f"{cfg.n_kv_heads} KV"
@@ -224,11 +221,13 @@ def _head(cfg: ModelConfig, ascii_: bool) -> list[str]:
     return [f"w{cfg.window}s{cfg.stride}" if ascii_ else f"W{cfg.window}/S{cfg.stride}", kv]
 
 
-def format_name(cfg: ModelConfig) -> str:
+def format_name(cfg) -> str:
+    """A config's paper name: 'W8/S4 · 1 KV · no RoPE'."""
     return SEP.join(_head(cfg, False) + _attributes(cfg, False))
 
 
-def format_alias(cfg: ModelConfig) -> str:
+def format_alias(cfg) -> str:
+    """A config's ASCII alias: 'w8s4-1kv-norope'."""
     return "-".join(_head(cfg, True) + _attributes(cfg, True))
 
 

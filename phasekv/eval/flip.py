@@ -15,11 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from phasekv.errors import ConfigError, DataError
 from phasekv.eval.figure import to_png
-from phasekv.eval.models import EvalModel, last_logits
+from phasekv.eval.models import EvalModel
 from phasekv.eval.prompts import PromptConfig, RetrievalPrompts
 from phasekv.eval.protocols import FLIP
 from phasekv.eval.run import json_default, versions
@@ -94,24 +93,6 @@ def candidate_ids(tok: WordTokenizer, prompt: str, cand: str) -> list[int]:
     if full[: len(base)] != base or len(full) == len(base):
         raise DataError(f"candidate {cand!r} does not tokenise as a continuation of the prompt")
     return full[len(base):]
-
-
-@torch.no_grad()
-def candidate_logprobs(model: torch.nn.Module, ids: list[int], cands: list[list[int]]) -> list[float]:
-    """log P(candidate | ids) for each candidate (teacher forcing beyond its first token)."""
-    device = next(model.parameters()).device
-    x = torch.tensor([ids], device=device)
-    first = torch.log_softmax(last_logits(model, x), -1)[0]  # (V,)
-    out = []
-    for c in cands:
-        lp = float(first[c[0]])
-        if len(c) > 1:
-            y = torch.tensor([ids + c[:-1]], device=device)
-            logits = model(y) if hasattr(model, "new_cache") else model(input_ids=y).logits  # (1, T, V)
-            lps = torch.log_softmax(logits[0, len(ids):].float(), -1)  # (len(c)-1, V)
-            lp += float(lps.gather(1, torch.tensor(c[1:], device=device)[:, None]).sum())
-        out.append(lp)
-    return out
 
 
 def follow_pattern(winners: list[int], lengths: list[int], stride: int) -> tuple[int, dict]:

@@ -18,7 +18,7 @@ does not.
 `read_samples` turns `lm_eval ... --log_samples --output_path OUT` back into phasekv's per-prompt rows, and
 `summarize_scored` writes a task's results.parquet, summary.json and accuracy.png exactly as `phasekv eval` does
 (`phasekv.eval.run.write_run`); `phasekv.mitigate.audit.audit_scored` gives the audit's verdict of it. The model type lm-eval scores phasekv's own models with is
-`phasekv.eval.lm_model` (it imports lm-eval; this module does not).
+`phasekv.eval.lm_model` (it imports lm-eval; this module only to read model arguments lm-eval was given as a string).
 """
 
 from __future__ import annotations
@@ -167,11 +167,11 @@ def _read_task(name: str, samples: Path, stride: int | None) -> Scored:
             raise DataError(f"{samples}:{i + 1}: lm-eval scored another context than the exported prompt "
                             f"{doc['pid']} (few-shot examples, a chat template or a system prompt shift every "
                             "position: run without them)")
-        logprob, greedy = s["resps"][0][0]  # written as strings ("-6.47", "False") by lm-eval's sample log
+        logprob = float(s["resps"][0][0][0])  # lm-eval's sample log writes each response as a string ("-6.47")
         rows.append({**{k: doc[k] for k in ("pid", "residue", "target_pos", "query_pos", "target_index",
                                             "mapping", "answer", "answer_word")},
-                     "pred": -1, "pred_word": "", "correct": str(greedy) == "True", "prob": math.exp(float(logprob)),
-                     "protocol": doc["padding"]})
+                     "pred": -1, "pred_word": "", "correct": bool(s["acc"]), "prob": math.exp(logprob),
+                     "protocol": doc["padding"]})  # acc: the task's metric, is_greedy (`task_config`)
     df = pd.DataFrame(rows, columns=COLUMNS).sort_values("pid").reset_index(drop=True)
     n = meta["prompts"]["n_prompts"]
     if df["pid"].nunique() != len(df) or len(df) != n:
@@ -199,8 +199,11 @@ def scored_model(results: dict, stride: int | None = None) -> EvalModel:
     if isinstance(own, dict):
         name, info, s = own["name"], own["info"], own["stride"]
     else:
-        args = config.get("model_args") or {}  # a dict (lm-eval 0.4.13), or the "k=v,k=v" string it was given
-        args = dict(a.split("=", 1) for a in args.split(",") if "=" in a) if isinstance(args, str) else args
+        args = config.get("model_args") or {}  # a dict (lm-eval's command line), or the "k=v,k=v" string it was given
+        if isinstance(args, str):
+            from lm_eval.utils import simple_parse_args_string  # lm-eval's own parser (the lm-eval extra)
+
+            args = simple_parse_args_string(args)
         path = Path(str(args["pretrained"])) if args.get("pretrained") else None
         hf = config_json(path) if path is not None and path.is_dir() else {}
         name = f"{config.get('model', 'lm-eval')}:{path.name if path else config.get('model_name', '?')}"

@@ -9,13 +9,14 @@ module registers the type, and `phasekv lm-eval ARGS` runs lm-eval's own command
 
 Model args: run (the model directory; or pretrained, which lm-eval also names its output folder after), tokenizer (a tokenizer file/dir instead of the model's),
 trust_remote_code; lm-eval's --device and --batch_size ("auto": 32 prompts per forward pass).
-Continuations are scored in one forward pass per batch of equal-length inputs; generation is greedy.
+Continuations are scored in one forward pass per batch of equal-length inputs; generation is greedy, through the
+model's decode cache.
 """
 
 from __future__ import annotations
 
 import logging
-from itertools import groupby
+from itertools import islice
 from pathlib import Path
 
 import lm_eval.models  # noqa: F401  lm-eval's own model types: it registers them only into an empty registry
@@ -23,11 +24,13 @@ import torch
 import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
+from lm_eval.models.utils import Collator
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from phasekv.data.tokenizer import special_ids
 from phasekv.errors import ConfigError
-from phasekv.eval.models import last_logits, load, resolve_device
+from phasekv.eval.models import all_logits, greedy, last_logits, load, resolve_device
+from phasekv.progress import progress_bar
 
 AUTO_BATCH = 32  # prompts per forward pass under --batch_size auto
 log = logging.getLogger("lm_eval")  # lm-eval's own log
@@ -81,72 +84,84 @@ class PhaseKVLM(TemplateLM):
 
     # ------------------------------------------------------------------ scoring
 
-    @torch.no_grad()
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """(log P(continuation | context), every continuation token the full-vocabulary argmax) per request
-        ((strings), context ids, continuation ids), batched over requests of equal total length."""
-        out: list[tuple[float, bool] | None] = [None] * len(requests)
-        order = sorted(range(len(requests)), key=lambda i: (len(requests[i][1]) + len(requests[i][2]),
-                                                            len(requests[i][2])))
-        for (_, k), same in groupby(order, key=lambda i: (len(requests[i][1]) + len(requests[i][2]),
-                                                          len(requests[i][2]))):
-            same = list(same)
-            for s in range(0, len(same), self.batch):
-                batch = same[s: s + self.batch]
-                ids = torch.tensor([(requests[i][1] + requests[i][2])[:-1] for i in batch],
-                                   device=self.em.device)  # (B, T-1)
-                logp = F.log_softmax(self._tail_logits(ids, k), -1)  # (B, k, V)
-                cont = torch.tensor([requests[i][2] for i in batch], device=self.em.device)  # (B, k)
-                lp = logp.gather(2, cont[..., None])[..., 0].sum(-1)  # (B,)
-                greedy = (logp.argmax(-1) == cont).all(-1)  # (B,)
-                for i, a, g in zip(batch, lp.tolist(), greedy.tolist(), strict=True):
-                    out[i] = (a, g)
-        return out
+        ((strings), context ids, continuation ids), batched over requests of equal total and continuation length
+        (lm-eval's `Collator`: no padding, whose positions would shift every phase)."""
+        order = Collator(requests, sort_fn=_lengths, group_fn=lambda r: {"lengths": _lengths(r)},
+                         group_by="gen_kwargs")  # batches of one group: by a dict, as lm-eval groups generations
+        out = []
+        with progress_bar(not disable_tqdm, len(requests), "lm-eval loglikelihood") as advance:
+            for batch in order.get_batched(n=self.batch):
+                out += self._score(batch)
+                advance(len(batch))
+        return order.get_original(out)
+
+    @torch.no_grad()
+    def _score(self, batch: list) -> list[tuple[float, bool]]:
+        """One batch of requests of equal lengths, each (log P, greedy)."""
+        k = len(batch[0][2])
+        ids = torch.tensor([(ctx + cont)[:-1] for _, ctx, cont in batch], device=self.em.device)  # (B, T-1)
+        logp = F.log_softmax(self._tail_logits(ids, k), -1)  # (B, k, V)
+        cont = torch.tensor([cont for _, _, cont in batch], device=self.em.device)  # (B, k)
+        lp = logp.gather(2, cont[..., None])[..., 0].sum(-1)  # (B,)
+        greedy = (logp.argmax(-1) == cont).all(-1)  # (B,)
+        return list(zip(lp.tolist(), greedy.tolist(), strict=True))
 
     def _tail_logits(self, ids: torch.Tensor, k: int) -> torch.Tensor:
         """Logits at the last k positions of ids (B, T), (B, k, V) float32: one token through `last_logits`
         (the path `phasekv eval` scores by), more through one full forward pass."""
         if k == 1:
             return last_logits(self.em.model, ids)[:, None]
-        model = self.em.model
-        logits = model(ids) if hasattr(model, "new_cache") else model(input_ids=ids).logits  # (B, T, V)
-        return logits[:, -k:].float()
+        return all_logits(self.em.model, ids)[:, -k:]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """log P(text) over disjoint windows of the model's length (lm-eval's rolling windows)."""
         out = []
-        for (text,) in (r.args for r in requests):
-            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
-                token_list=self.tok_encode(text, add_special_tokens=False), prefix_token=self.prefix_token_id,
-                max_seq_len=self.max_length, context_len=1)]
-            out.append(sum(lp for lp, _ in self._loglikelihood_tokens([(None, c, t) for c, t in windows])))
+        with progress_bar(not disable_tqdm, len(requests), "lm-eval loglikelihood_rolling") as advance:
+            for (text,) in (r.args for r in requests):
+                windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                    token_list=self.tok_encode(text, add_special_tokens=False), prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length, context_len=1)]
+                scored = self._loglikelihood_tokens([(None, c, t) for c, t in windows], disable_tqdm=True)
+                out.append(sum(lp for lp, _ in scored))
+                advance()
         return out
 
-    @torch.no_grad()
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Greedy continuation of each context, up to max_gen_toks tokens or the first `until` string."""
+        """Greedy continuation of each context, up to max_gen_toks tokens, the end of sequence or the first `until`
+        string, through the model's decode cache (`greedy`: one prefill, then one one-token step per new token)."""
         out = []
-        for context, kw in (r.args for r in requests):
-            if kw.get("do_sample"):
-                raise ConfigError("--model phasekv decodes greedily: set do_sample false")
-            until = kw.get("until") or []
-            until = [until] if isinstance(until, str) else until
-            ids, new = self.tok_encode(context), []
-            for _ in range(int(kw.get("max_gen_toks", 256))):
-                nxt = int(last_logits(self.em.model, torch.tensor([ids + new], device=self.em.device)).argmax(-1))
-                if nxt == self.eot_token_id:
-                    break
-                new.append(nxt)
-                text = self.tok_decode(new)
-                if any(u in text for u in until):
-                    break
-            text = self.tok_decode(new)
-            for u in until:
-                text = text.split(u)[0]
-            out.append(text)
+        with progress_bar(not disable_tqdm, len(requests), "lm-eval generate_until") as advance:
+            for context, kw in (r.args for r in requests):
+                out.append(self._generate(context, kw))
+                advance()
         return out
+
+    def _generate(self, context: str, kw: dict) -> str:
+        if kw.get("do_sample"):
+            raise ConfigError("--model phasekv decodes greedily: set do_sample false")
+        until = kw.get("until") or []
+        until = [until] if isinstance(until, str) else until
+        new = []
+        for token in islice(greedy(self.em.model, self.tok_encode(context)), int(kw.get("max_gen_toks", 256))):
+            if token == self.eot_token_id:
+                break
+            new.append(token)
+            if any(u in self.tok_decode(new) for u in until):
+                break
+        text = self.tok_decode(new)
+        for u in until:
+            text = text.split(u)[0]
+        return text
 
     def get_model_info(self) -> dict:
         """What `phasekv analyze lm-eval` reads back from the results (the model's name, stride, provenance)."""
         em = self.em
         return {"phasekv": {"name": em.name, "kind": em.kind, "stride": em.stride, "info": em.info}}
+
+
+def _lengths(request) -> tuple[int, int]:
+    """What a batch of requests shares: their total and continuation lengths."""
+    _, context, continuation = request
+    return len(context) + len(continuation), len(continuation)

@@ -2,18 +2,22 @@
 
 `EvalModel.last_logits(ids)` returns the next-token logits at the last position only: phasekv models
 prefill long prompts chunk by chunk through their decode cache (memory grows with the cache, not T^2),
-Hugging Face models are asked for the last position's logits only. A model served by an inference engine
-(`phasekv.eval.engine.EngineModel`) scores the same prompts through HTTP requests instead.
+Hugging Face models are asked for the last position's logits only. `score` and `candidate_logprobs` are the
+two ways an evaluation reads a model (retrieval's top-1, the flip test's candidates). A model served by an
+inference engine (`phasekv.eval.engine.EngineModel`) scores the same prompts through HTTP requests instead.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from phasekv.errors import ConfigError
+from phasekv.eval.prompts import Prompt
 from phasekv.eval.tokens import WordTokenizer
 from phasekv.model.hf import EVAL_KEY, compression_layout
 from phasekv.train.run import open_model
@@ -46,15 +50,11 @@ class EvalModel:
         return last_logits(self.model, ids)
 
     def score(self, prompts, protocol: str, batch_size: int = 32):
-        """Rows of scored prompts, a list per batch (`phasekv.eval.run.score` on this model)."""
-        from phasekv.eval.run import score  # run.py imports this module
-
+        """Rows of scored prompts, a list per batch (`score` on this model)."""
         return score(self.model, self.tok, prompts, protocol, batch_size)
 
     def candidate_logprobs(self, ids: list[int], cands: list[list[int]]) -> list[float]:
-        """log P(candidate | ids) per candidate (`phasekv.eval.flip.candidate_logprobs` on this model)."""
-        from phasekv.eval.flip import candidate_logprobs  # flip.py imports this module
-
+        """log P(candidate | ids) per candidate (`candidate_logprobs` on this model)."""
         return candidate_logprobs(self.model, ids, cands)
 
 
@@ -64,16 +64,101 @@ def last_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     if hasattr(model, "new_cache"):  # PhaseLM
         if ids.shape[1] <= PREFILL_CHUNK:
             return model(ids, last=True).float()  # (B, V): the last layer and LM head at the last position only
-        cache = model.new_cache(ids.shape[0])
-        for s in range(0, ids.shape[1], PREFILL_CHUNK):
-            out = model(ids[:, s : s + PREFILL_CHUNK], cache=cache)  # (B, chunk, V)
-        return out[:, -1].float()
+        return Continuation(model, ids.shape[0]).feed(ids)
     try:
         out = model(input_ids=ids, logits_to_keep=1)
     except TypeError:  # older transformers / custom code without logits_to_keep
         out = model(input_ids=ids)
     logits = out.logits if hasattr(out, "logits") else out
     return logits[:, -1].float()
+
+
+class Continuation:
+    """Sequences continued through a model's decode cache: each `feed` runs tokens (B, T) after those fed before and
+    returns the next token's logits (B, V) float32. A PhaseLM keeps its `new_cache` (a long feed goes through it in
+    chunks of PREFILL_CHUNK tokens), a transformers model its `cache`."""
+
+    def __init__(self, model: torch.nn.Module, batch: int = 1):
+        self.model, self.phaselm = model, hasattr(model, "new_cache")
+        self.cache = model.new_cache(batch) if self.phaselm else None
+
+    @torch.no_grad()
+    def feed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.phaselm:
+            for s in range(0, ids.shape[1], PREFILL_CHUNK):
+                out = self.model(ids[:, s : s + PREFILL_CHUNK], cache=self.cache)  # (B, chunk, V)
+            return out[:, -1].float()
+        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1)
+        if out.cache is None:
+            raise ConfigError(f"{type(self.model).__name__} returns no decode cache to continue")
+        self.cache = out.cache
+        return out.logits[:, -1].float()
+
+
+def greedy(model: torch.nn.Module, ids: list[int]) -> Iterator[int]:
+    """The greedy continuation of the prompt `ids`, token by token, through the model's decode cache: the prompt
+    costs one prefill, every further token the caller asks for one one-token forward."""
+    device = next(model.parameters()).device
+    run = Continuation(model)
+    logits = run.feed(torch.tensor([ids], device=device))  # (1, V)
+    while True:
+        token = int(logits[0].argmax())
+        yield token
+        logits = run.feed(torch.tensor([[token]], device=device))
+
+
+@torch.no_grad()
+def all_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Logits at every position of ids (B, T), (B, T, V) float32, for a PhaseLM or a transformers causal LM."""
+    logits = model(ids) if hasattr(model, "new_cache") else model(input_ids=ids).logits
+    return logits.float()
+
+
+def score(model: torch.nn.Module, tok: WordTokenizer, prompts: Iterable[Prompt], protocol: str,
+          batch_size: int = 32) -> Iterator[list[dict]]:
+    """Full-vocabulary top-1 and the answer's probability at each prompt's query; yields rows per batch.
+    Prompts of one run all have the same length (fixed query position), so batches need no padding."""
+    device = next(model.parameters()).device
+    batch: list[Prompt] = []
+
+    def run(batch: list[Prompt]) -> list[dict]:
+        ids = torch.tensor([p.ids for p in batch], dtype=torch.long, device=device)  # (B, T)
+        logits = last_logits(model, ids)  # (B, V)
+        probs = torch.softmax(logits, dim=-1)
+        pred = logits.argmax(-1).tolist()
+        answer = torch.tensor([p.answer for p in batch], device=device)
+        p_ans = probs.gather(1, answer[:, None])[:, 0].tolist()
+        return [
+            {"pid": p.pid, "residue": p.residue, "target_pos": p.target_pos, "query_pos": p.query_pos,
+             "target_index": p.target_index, "mapping": p.mapping, "answer": p.answer, "answer_word": p.answer_word,
+             "pred": pr, "pred_word": tok.decode_id(pr), "correct": pr == p.answer, "prob": pa, "protocol": protocol}
+            for p, pr, pa in zip(batch, pred, p_ans, strict=True)
+        ]
+
+    for p in prompts:
+        batch.append(p)
+        if len(batch) == batch_size:
+            yield run(batch)
+            batch = []
+    if batch:
+        yield run(batch)
+
+
+@torch.no_grad()
+def candidate_logprobs(model: torch.nn.Module, ids: list[int], cands: list[list[int]]) -> list[float]:
+    """log P(candidate | ids) for each candidate (teacher forcing beyond its first token)."""
+    device = next(model.parameters()).device
+    x = torch.tensor([ids], device=device)
+    first = torch.log_softmax(last_logits(model, x), -1)[0]  # (V,)
+    out = []
+    for c in cands:
+        lp = float(first[c[0]])
+        if len(c) > 1:
+            y = torch.tensor([ids + c[:-1]], device=device)
+            lps = torch.log_softmax(all_logits(model, y)[0, len(ids):], -1)  # (len(c)-1, V)
+            lp += float(lps.gather(1, torch.tensor(c[1:], device=device)[:, None]).sum())
+        out.append(lp)
+    return out
 
 
 def resolve_device(spec: str | torch.device) -> str | torch.device:

@@ -36,7 +36,7 @@ from types import SimpleNamespace
 import torch
 
 from phasekv.errors import ConfigError
-from phasekv.eval.models import EvalModel
+from phasekv.eval.models import EvalModel, score
 
 DEFAULT_WINDOW = 64  # kvpress's SnapKV window (queries), sized for contexts of thousands of tokens
 WINDOW_SHARE = 8  # a scaled window is at most 1/8 of the span the press scores
@@ -304,7 +304,7 @@ def kept_positions(model: torch.nn.Module, context: torch.Tensor, cache) -> list
 
 class Pressed(torch.nn.Module):
     """A causal LM whose forward runs each prompt as context under the press + question: what `score`
-    (`phasekv.eval.run.score`) calls. Records the cache sizes it achieved."""
+    (`phasekv.eval.models.score`) calls. Records the cache sizes it achieved."""
 
     def __init__(self, lm: torch.nn.Module, spec: PressSpec, question: int, context: int):
         super().__init__()
@@ -361,10 +361,8 @@ class PressModel(EvalModel):
         return pressed
 
     def score(self, prompts: Iterable, protocol: str, batch_size: int = 32) -> Iterator[list[dict]]:
-        """Rows of scored prompts (`phasekv.eval.run.score` through `Pressed`), one prompt per forward for a
+        """Rows of scored prompts (`phasekv.eval.models.score` through `Pressed`), one prompt per forward for a
         press that reads its batch-mates."""
-        from phasekv.eval.run import score  # run.py imports the models module
-
         it = iter(prompts)
         first = next(it, None)
         if first is None:

@@ -29,7 +29,7 @@ import torch
 from phasekv.errors import ConfigError
 from phasekv.eval.design import group_moments
 from phasekv.eval.figure import to_png
-from phasekv.eval.models import EvalModel, last_logits, model_ratios
+from phasekv.eval.models import EvalModel, model_ratios, score
 from phasekv.eval.prompts import Prompt, PromptConfig, RetrievalPrompts
 from phasekv.eval.protocols import protocol
 from phasekv.eval.ratios import ratio_tests
@@ -42,36 +42,6 @@ COLUMNS = ["pid", "residue", "target_pos", "query_pos", "target_index", "mapping
            "pred", "pred_word", "correct", "prob", "protocol"]
 PARTIAL = ".partial"
 FLUSH_ROWS = 256  # rows per partial file
-
-
-def score(model: torch.nn.Module, tok: WordTokenizer, prompts: Iterable[Prompt], protocol: str,
-          batch_size: int = 32) -> Iterator[list[dict]]:
-    """Full-vocabulary top-1 and the answer's probability at each prompt's query; yields rows per batch.
-    Prompts of one run all have the same length (fixed query position), so batches need no padding."""
-    device = next(model.parameters()).device
-    batch: list[Prompt] = []
-
-    def run(batch: list[Prompt]) -> list[dict]:
-        ids = torch.tensor([p.ids for p in batch], dtype=torch.long, device=device)  # (B, T)
-        logits = last_logits(model, ids)  # (B, V)
-        probs = torch.softmax(logits, dim=-1)
-        pred = logits.argmax(-1).tolist()
-        answer = torch.tensor([p.answer for p in batch], device=device)
-        p_ans = probs.gather(1, answer[:, None])[:, 0].tolist()
-        return [
-            {"pid": p.pid, "residue": p.residue, "target_pos": p.target_pos, "query_pos": p.query_pos,
-             "target_index": p.target_index, "mapping": p.mapping, "answer": p.answer, "answer_word": p.answer_word,
-             "pred": pr, "pred_word": tok.decode_id(pr), "correct": pr == p.answer, "prob": pa, "protocol": protocol}
-            for p, pr, pa in zip(batch, pred, p_ans, strict=True)
-        ]
-
-    for p in prompts:
-        batch.append(p)
-        if len(batch) == batch_size:
-            yield run(batch)
-            batch = []
-    if batch:
-        yield run(batch)
 
 
 def evaluate(model, tokenizer, cfg: PromptConfig, pids: Iterable[int] | None = None, batch_size: int = 32,

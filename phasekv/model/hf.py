@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -68,12 +69,11 @@ def _name_map(config: ModelConfig) -> dict[str, str]:
     return names
 
 
-def from_hf(hf_model):
-    """PhaseLM (full attention) with the weights of a transformers Qwen3ForCausalLM."""
-    from phasekv.model.transformer import PhaseLM
-
+def from_hf(hf_model, build: Callable[[ModelConfig], nn.Module]):
+    """`build(config)` (`PhaseLM.from_hf`: the class, full attention) with the weights of a transformers
+    Qwen3ForCausalLM."""
     config = config_from_hf(hf_model.config)
-    model = PhaseLM(config)
+    model = build(config)
     hf_state = hf_model.state_dict()
     state = {ours: hf_state[theirs].detach().clone().float() for ours, theirs in _name_map(config).items()}
     model.load_state_dict(state)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -62,12 +63,11 @@ def load_state(model, state: dict[str, torch.Tensor], source: str) -> None:
     model.load_state_dict(state)
 
 
-def load_model(directory, map_location="cpu"):
-    from phasekv.model.transformer import PhaseLM
-
+def load_model(directory, build: Callable[[ModelConfig], torch.nn.Module], map_location="cpu"):
+    """`build(config)` (`PhaseLM.load`: the class) with the weights of a `save_model` directory."""
     directory = Path(directory)
     verify_manifest(directory)  # checkpoints carry sha256 checksums; other directories have none
     config = read_config(directory)
-    model = PhaseLM(config)
+    model = build(config)
     load_state(model, read_weights(directory / WEIGHTS_FILE, map_location), str(directory / WEIGHTS_FILE))
     return model.to(map_location)

@@ -13,6 +13,8 @@ from phasekv.attention.family import make_attention
 from phasekv.attention.norm import RMSNorm
 from phasekv.config import ModelConfig
 from phasekv.errors import ConfigError
+from phasekv.model.hf import from_hf, to_hf
+from phasekv.model.io import load_model, save_model
 
 
 class MLP(nn.Module):
@@ -120,27 +122,19 @@ class PhaseLM(nn.Module):
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    # ---- files and interop: phasekv.model.io and .hf build PhaseLMs, so they are imported on use (one-way) ----
+    # ---- files and interop (phasekv.model.io and .hf: they build what they are given, never import this module) ----
     def save(self, directory) -> None:
-        from phasekv.model.io import save_model
-
         save_model(self, directory)
 
     @classmethod
     def load(cls, directory, map_location: str | torch.device = "cpu") -> PhaseLM:
-        from phasekv.model.io import load_model
-
-        return load_model(directory, map_location)
+        return load_model(directory, cls, map_location)
 
     @classmethod
     def from_hf(cls, hf_model) -> PhaseLM:
-        from phasekv.model.hf import from_hf
-
-        return from_hf(hf_model)
+        return from_hf(hf_model, cls)
 
     def to_hf(self, evaluation: dict | None = None):
-        from phasekv.model.hf import to_hf
-
         return to_hf(self, evaluation)
 
 

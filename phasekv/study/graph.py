@@ -1,5 +1,6 @@
 """The task graph and its driver: tasks with their inputs (`Task.after`), run by an executor (`phasekv.study.local`,
-`phasekv.study.slurm`) in the graph's order, a task whose outputs exist skipped; the time-left estimate
+`phasekv.study.slurm`) in the graph's order, a task whose outputs exist skipped. The driver (`run_tasks`) is a
+`Schedule` (what is ready, what failed, what to skip) and a `ProgressView` (what it shows); the time-left estimate
 (`makespan`, `time_left`) and the directory lock."""
 
 from __future__ import annotations
@@ -88,12 +89,120 @@ def _left_text(tasks: list[Task], took: dict[str, float], done_share: dict[str, 
         f"≥ ~{duration(seconds)} left (not yet timed: {', '.join(untimed)})"
 
 
+SKIPPED = "skipped: a task it needs failed"  # the error of a task behind a failed one
+
+
 @dataclass
 class _Running:
     task: Task
     handle: Handle
-    row: int | None  # its progress line
     t0: float  # when it was submitted (or found running)
+
+
+class Schedule:
+    """Where each task stands while the driver runs, and what it does next: the tasks to submit (`todo`, in the
+    graph's order), running (submitted, or found queued), finished and failed; which task is `ready`, which to
+    `skip` behind a failed one. It shows nothing and runs nothing."""
+
+    def __init__(self, tasks: list[Task], executor: Executor):
+        self.executor = executor
+        self.finished = {t.name for t in tasks if t.is_done()}
+        self.todo = [t for t in tasks if t.name not in self.finished]
+        self.running: dict[str, _Running] = {}
+        self.failed: dict[str, str] = {}
+
+    def start(self, task: Task, handle: Handle) -> _Running:
+        self.todo.remove(task)
+        self.running[task.name] = _Running(task, handle, time.time())
+        return self.running[task.name]
+
+    def ready(self) -> Task | None:
+        """The first task to submit now: a slot is free and its inputs are finished (or, on an executor that
+        `chains` them, submitted)."""
+        ex = self.executor
+        if ex.slots is not None and len(self.running) >= ex.slots:
+            return None
+        return next((t for t in self.todo if all(d in self.finished or (ex.chains and d in self.running)
+                                                 for d in t.after)), None)
+
+    def inputs(self, task: Task) -> list[Handle]:
+        """The handles of the running tasks `task` needs (a chaining executor queues it after them)."""
+        return [self.running[d].handle for d in task.after if d in self.running]
+
+    def skip(self) -> list[_Running]:
+        """Fail every task that needs a failed one, directly or through another; returns those already submitted
+        (queued behind a failed task, they would never start: the driver withdraws them)."""
+        for t in [*(r.task for r in self.running.values()), *self.todo]:  # the graph's order: inputs first
+            if any(d in self.failed for d in t.after):
+                self.failed[t.name] = SKIPPED
+        self.todo = [t for t in self.todo if t.name not in self.failed]
+        return [self.running.pop(name) for name in list(self.running) if name in self.failed]
+
+    def end(self, handle: Handle) -> _Running:
+        """The running task of a finished handle, no longer running."""
+        return self.running.pop(next(n for n, r in self.running.items() if r.handle is handle))
+
+    def fail(self, task: Task, exc: Exception) -> str:
+        self.failed[task.name] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        return self.failed[task.name]
+
+
+class ProgressView:
+    """What the driver shows: the overall line with the time left (`_left_text`: tasks differ in cost by 100x, a
+    training against a gate statistic, so their count gives no estimate; finished tasks price them by kind), a line
+    per running task (on a scheduler, per training: `every_task` False) and a ✓ or ✗ line per ended task."""
+
+    def __init__(self, tasks: list[Task], label: str, finished: set[str], took: dict[str, float], jobs: int,
+                 show: bool, every_task: bool):
+        self.tasks, self.took, self.jobs, self.every_task = tasks, took, jobs, every_task
+        self.done, self.estimated, self.rows = len(finished), 0.0, {}
+        if finished:
+            console.print(f"[dim]resuming: {len(finished)} of {len(tasks)} tasks already done, skipped[/]")
+        cols = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), TextColumn("{task.fields[left]}")]
+        self.bar = Progress(*cols, console=console, disable=not show, refresh_per_second=2)
+        self.overall = self.bar.add_task(f"[bold]{label} tasks", total=len(tasks), completed=len(finished),
+                                         estimate=False, left="")
+
+    def __enter__(self) -> ProgressView:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+    def start(self, r: _Running) -> None:
+        if self.every_task or r.task.steps is not None:
+            self.rows[r.task.name] = self.bar.add_task(r.task.name, total=r.task.steps()[1] if r.task.steps else 1,
+                                                       left="")
+
+    def end(self, r: _Running) -> None:
+        if (row := self.rows.pop(r.task.name, None)) is not None:
+            self.bar.remove_task(row)
+
+    def succeeded(self, r: _Running, secs: float, cpu: float, result) -> None:
+        self.took[r.task.name] = _full_cost(result, secs)  # a resumed training: its whole run
+        self.done += 1
+        if self.done == len(self.tasks):
+            self.bar.update(self.overall, left="")  # the completion line carries no estimate
+        self.bar.advance(self.overall)
+        console.print(f"[green]✓[/] {r.task.name} [dim]({secs:.0f} s wall, {cpu:.0f} s CPU)[/]")
+
+    def failed(self, r: _Running, error: str) -> None:
+        console.print(f"[red]✗ {r.task.name}[/] ({time.time() - r.t0:.0f} s): {error}")
+
+    def refresh(self, running: list[_Running], failed: dict[str, str], ended: bool) -> None:
+        """The running trainings' lines, and the time left when a task ended or every ESTIMATE_EVERY seconds."""
+        share = {}  # running trainings' done share
+        for r in running:
+            if r.task.steps and r.task.name in self.rows:
+                n, total = r.task.steps()
+                self.bar.update(self.rows[r.task.name], completed=min(n, total))
+                share[r.task.name] = min(n, total) / max(total, 1)
+        if ended or time.time() - self.estimated >= ESTIMATE_EVERY:
+            self.estimated = time.time()
+            left = _left_text([t for t in self.tasks if t.name not in failed], self.took, share, self.jobs)
+            self.bar.update(self.overall, left=left)
 
 
 def run_tasks(tasks: list[Task], jobs: int, progress: bool, record: Callable[[str, float, float], None],
@@ -110,81 +219,35 @@ def run_tasks(tasks: list[Task], jobs: int, progress: bool, record: Callable[[st
 
         with LocalExecutor(jobs) as local:
             return run_tasks(tasks, jobs, progress, record, label, took, local)
-    finished = {t.name for t in tasks if t.is_done()}
-    took = {k: v for k, v in (took or {}).items() if k in finished}
-    shown = 0.0  # when the estimate was last computed
-    failed: dict[str, str] = {}
-    todo = [t for t in tasks if t.name not in finished]
-    if finished:
-        console.print(f"[dim]resuming: {len(finished)} of {len(tasks)} tasks already done, skipped[/]")
-    cols = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[left]}")]
-    running: dict[str, _Running] = {}
-    with Progress(*cols, console=console, disable=not progress, refresh_per_second=2) as bar:
-        # tasks differ in cost by 100x (a training against a gate statistic): their count gives no estimate of
-        # the time left; the `left` field prices them by kind (`time_left`), each running task's own line by rate
-        overall = bar.add_task(f"[bold]{label} tasks", total=len(tasks), completed=len(finished), estimate=False,
-                               left="")
-
-        def start(t: Task, handle: Handle) -> None:
-            todo.remove(t)
-            shown_row = executor.slots is not None or t.steps is not None  # on a scheduler: the trainings' lines
-            row = bar.add_task(t.name, total=t.steps()[1] if t.steps else 1, left="") if shown_row else None
-            running[t.name] = _Running(t, handle, row, time.time())
-
-        for t in list(todo):  # jobs an earlier driver submitted, still queued or running
+    plan = Schedule(tasks, executor)
+    took = {k: v for k, v in (took or {}).items() if k in plan.finished}
+    with ProgressView(tasks, label, plan.finished, took, jobs, progress, executor.slots is not None) as view:
+        for t in list(plan.todo):  # jobs an earlier driver submitted, still queued or running
             if (h := executor.attach(t)) is not None:
-                start(t, h)
-        while todo or running:
-            for r in [r for r in running.values() if any(d in failed for d in r.task.after)]:
-                executor.cancel(r.handle)  # queued behind a failed task: it would never start
-                del running[r.task.name]
-                if r.row is not None:
-                    bar.remove_task(r.row)
-                failed[r.task.name] = "skipped: a task it needs failed"
-            blocked = {t.name for t in todo if any(d in failed for d in t.after)}
-            for name in blocked:
-                failed[name] = "skipped: a task it needs failed"
-            todo = [t for t in todo if t.name not in blocked]
-            while executor.slots is None or len(running) < executor.slots:  # submit what is ready, in task order
-                ready = next((t for t in todo if all(d in finished or (executor.chains and d in running)
-                                                     for d in t.after)), None)
-                if ready is None:
-                    break
-                start(ready, executor.submit(ready, [running[d].handle for d in ready.after if d in running]))
-            if not running or not executor.waits:
+                view.start(plan.start(t, h))
+        while plan.todo or plan.running:
+            for r in plan.skip():
+                executor.cancel(r.handle)
+                view.end(r)
+            while (t := plan.ready()) is not None:  # submit what is ready, in the graph's order
+                view.start(plan.start(t, executor.submit(t, plan.inputs(t))))
+            if not plan.running or not executor.waits:
                 break
-            done_now = executor.wait([r.handle for r in running.values()], timeout=1.0)
-            for h in done_now:
-                r = running.pop(next(n for n, r in running.items() if r.handle is h))
-                t = r.task
-                if r.row is not None:
-                    bar.remove_task(r.row)
+            ended = [plan.end(h) for h in executor.wait([r.handle for r in plan.running.values()], timeout=1.0)]
+            for r in ended:
+                view.end(r)
                 try:
-                    result, cpu = h.result()
-                    secs = executor.seconds(h, r.t0)
+                    result, cpu = r.handle.result()
+                    secs = executor.seconds(r.handle, r.t0)
                     cpu = _full_cost(result, cpu)
                 except Exception as exc:  # a failed task is reported; independent tasks continue
-                    failed[t.name] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-                    console.print(f"[red]✗ {t.name}[/] ({time.time() - r.t0:.0f} s): {failed[t.name]}")
+                    view.failed(r, plan.fail(r.task, exc))
                     continue
-                finished.add(t.name)
-                record(t.name, secs, cpu)
-                took[t.name] = _full_cost(result, secs)  # a resumed training: its whole run
-                if len(finished) == len(tasks):
-                    bar.update(overall, left="")  # the completion line carries no estimate
-                bar.advance(overall)
-                console.print(f"[green]✓[/] {t.name} [dim]({secs:.0f} s wall, {cpu:.0f} s CPU)[/]")
-            share = {}  # running trainings' done share
-            for r in running.values():
-                if r.task.steps and r.row is not None:
-                    n, total = r.task.steps()
-                    bar.update(r.row, completed=min(n, total))
-                    share[r.task.name] = min(n, total) / max(total, 1)
-            if done_now or time.time() - shown >= ESTIMATE_EVERY:
-                shown = time.time()
-                bar.update(overall, left=_left_text([t for t in tasks if t.name not in failed], took, share, jobs))
-    return failed
+                plan.finished.add(r.task.name)
+                record(r.task.name, secs, cpu)
+                view.succeeded(r, secs, cpu, result)
+            view.refresh(list(plan.running.values()), plan.failed, bool(ended))
+    return plan.failed
 
 
 def _full_cost(result, seconds: float) -> float:

@@ -1,5 +1,6 @@
 """Where each task of a study stands: done / running (job id, node) / queued (job id, why) / failed (its log's last
-lines) / not submitted, from the study's files, the jobs it recorded (OUT/jobs.json) and SLURM's queue."""
+lines) / not submitted, from the study's files, the jobs it recorded (OUT/jobs.json) and SLURM's queue (submitit's
+jobs, `phasekv.study.jobs`, read only where jobs were recorded)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phasekv.study.graph import Task
-from phasekv.study.slurm import LIVE, JobBook, log_tail, queue
+from phasekv.study.slurm import JobBook
 
 STATES = ("done", "running", "queued", "failed", "not submitted")  # in the order `phasekv study status` counts them
 
@@ -25,21 +26,25 @@ def task_states(tasks: list[Task], root: Path, failed: dict[str, str] | None = N
     """Each task's state; `failed`: errors an earlier driver recorded ({task: message}, the manifest's), the
     reason of a failed task that has no job log."""
     book = JobBook(root).read()
-    known = queue([r["job_id"] for r in book.values()]) if book and shutil.which("squeue") else {}
+    jobs, queued = {}, False
+    if book:  # jobs were submitted, so submitit is here
+        from phasekv.study import jobs as slurm
+
+        jobs, queued = slurm.recorded(book), shutil.which("squeue") is not None
     out = []
     for t in tasks:
-        rec = book.get(t.name, {})
-        jid = rec.get("job_id", "")
-        q = known.get(jid, {})
+        job = jobs.get(t.name)
+        q = job.get_info(mode="standard") if job is not None and queued else {}
+        state = q.get("State", "")
         if t.is_done():
-            out.append(TaskState(t.name, "done", jid))
-        elif q.get("state") == "RUNNING":
-            out.append(TaskState(t.name, "running", jid, q["node"]))
-        elif q.get("state") in LIVE:
-            out.append(TaskState(t.name, "queued", jid, f"{q['state'].lower()} ({q['reason']})"))
-        elif rec:
-            state = q.get("state", "ended").lower()
-            out.append(TaskState(t.name, "failed", jid, f"{state}; {log_tail(rec['folder'], jid)}".strip("; ")))
+            out.append(TaskState(t.name, "done", job.job_id if job else ""))
+        elif state == "RUNNING":
+            out.append(TaskState(t.name, "running", job.job_id, q["NodeList"]))
+        elif jobs and state in slurm.LIVE:
+            out.append(TaskState(t.name, "queued", job.job_id, f"{state.lower()} ({q['Reason']})"))
+        elif job is not None:
+            detail = f"{(state or slurm.ENDED).lower()}; {slurm.log_tail(job)}".strip("; ")
+            out.append(TaskState(t.name, "failed", job.job_id, detail))
         elif t.name in (failed or {}):
             out.append(TaskState(t.name, "failed", "", failed[t.name]))
         else:

@@ -25,7 +25,7 @@ from torch import nn
 from phasekv.data.recall import RecallConfig, recall_tokenizer
 from phasekv.data.tokenizer import build_word_tokenizer, load_tokenizer, to_hf
 from phasekv.errors import CheckpointError
-from phasekv.model.io import CONFIG_FILE, load_model
+from phasekv.model.io import CONFIG_FILE
 from phasekv.model.transformer import PhaseLM
 from phasekv.train.checkpoint import CKPT_DIR, latest_checkpoint
 
@@ -120,7 +120,7 @@ def open_model(path: str | os.PathLike, device="cpu", trust_remote_code: bool = 
     if kind == "hf":
         model, tok = _open_hf(weights, device, trust_remote_code, tokenizer, hf_tokenizer is not False)
         return OpenedModel(model, tok, kind, weights)
-    model = load_model(weights, map_location=device).eval()
+    model = PhaseLM.load(weights, map_location=device).eval()
     tok = load_tokenizer(tokenizer) if tokenizer is not None else _tokenizer_for(weights, model.config.vocab_size)
     return OpenedModel(model, to_hf(tok) if hf_tokenizer else tok, kind, weights)
 

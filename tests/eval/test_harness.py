@@ -44,7 +44,8 @@ def exported(planted, tmp_path_factory):
 
 def lm_eval_log(out, tasks, scores: pd.DataFrame, model: dict, alter=None, keep=None):
     """A results directory as `lm_eval --log_samples --output_path OUT` writes it (OUT/<model>/results_DATE.json
-    and samples_TASK_DATE.jsonl), each document scored (log P, is_greedy) from phasekv's rows `scores`."""
+    and samples_TASK_DATE.jsonl), each document scored (log P, is_greedy, and the task's metric acc) from phasekv's
+    rows `scores`."""
     date = "2026-12-04T12-00-00.000000"
     d = out / "model"
     d.mkdir(parents=True)
@@ -62,7 +63,8 @@ def lm_eval_log(out, tasks, scores: pd.DataFrame, model: dict, alter=None, keep=
         ctx = alter(doc["text"]) if alter else doc["text"]
         lines.append(json.dumps({"doc_id": doc["pid"], "doc": doc, "target": doc["target"],
                                  "arguments": {"gen_args_0": {"arg_0": ctx, "arg_1": doc["target"]}},
-                                 "resps": [[[str(math.log(r["prob"])), str(bool(r["correct"]))]]]}))
+                                 "resps": [[[str(math.log(r["prob"])), str(bool(r["correct"]))]]],
+                                 "acc": int(r["correct"])}))
     (d / f"samples_{TASK}_{date}.jsonl").write_text("\n".join(lines) + "\n")
     return out
 

@@ -133,3 +133,35 @@ def test_generation_and_rolling_loglikelihood(models):
     by_hand = float(logp.gather(1, torch.tensor(full[1:])[:, None]).sum())
     [rolled] = lm.loglikelihood_rolling([request("loglikelihood_rolling", (text,))])
     assert rolled == pytest.approx(by_hand, abs=1e-4)
+
+
+def test_generation_costs_one_prefill_and_a_step_per_token(models, monkeypatch, capsys):
+    """`generate_until` through the decode cache: N new tokens, one forward of the prompt then N - 1 of one token
+    (the last token needs none after it); `disable_tqdm` silences its progress."""
+    from lm_eval.api.instance import Instance
+
+    from phasekv.eval.lm_model import PhaseKVLM
+    from phasekv.progress import INTERVAL_ENV
+
+    monkeypatch.setattr(PhaseKVLM, "eot_token_id", -1)  # no early end: all N tokens
+    monkeypatch.setenv(INTERVAL_ENV, "0.2")
+    lm = PhaseKVLM(run=str(models / "w8s8"), device="cpu", batch_size=4)
+    text, n = "cat Adam dog Betty cat", 20
+    seen = []
+    lm.em.model.register_forward_pre_hook(lambda m, args: seen.append(tuple(args[0].shape)))
+    request = Instance(request_type="generate_until", doc={}, arguments=(text, {"until": [], "max_gen_toks": n}),
+                       idx=0)
+    [got] = lm.generate_until([request], disable_tqdm=True)
+    assert seen == [(1, len(lm.tok_encode(text)))] + [(1, 1)] * (n - 1)
+    assert len(got.split()) == n and capsys.readouterr().out == ""
+    lm.generate_until([request])
+    assert "progress: lm-eval generate_until 1/1" in capsys.readouterr().out
+
+
+def test_model_args_given_as_a_string_are_read_as_lm_eval_reads_them(models):
+    from phasekv.eval.harness import scored_model
+
+    results = {"config": {"model": "hf", "model_args": f"pretrained={models / 'hf'},dtype=float32"}}
+    em = scored_model(results)
+    assert em.name == "hf:hf" and em.info["path"] == str(models / "hf")
+    assert em.info["lm_eval"]["model_args"] == results["config"]["model_args"]

@@ -71,10 +71,11 @@ def test_run_dir_outputs_and_resume(model_dir, tmp_path, monkeypatch):
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["model"] == "W8/S4 · 1 KV"
 
     # interrupt after 3 batches of 8 (partial rows flushed every 8 here), then resume
+    import phasekv.eval.models as models_mod
     import phasekv.eval.run as run_mod
 
     monkeypatch.setattr(run_mod, "FLUSH_ROWS", 8)
-    real, calls = run_mod.last_logits, {"n": 0}
+    real, calls = models_mod.last_logits, {"n": 0}
 
     def flaky(model, ids):
         calls["n"] += 1
@@ -82,14 +83,14 @@ def test_run_dir_outputs_and_resume(model_dir, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(model, ids)
 
-    monkeypatch.setattr(run_mod, "last_logits", flaky)
+    monkeypatch.setattr(models_mod, "last_logits", flaky)  # what `score` calls
     with pytest.raises(KeyboardInterrupt):
         run_retrieval("lookup", em, cfg, tmp_path / "b", batch_size=8, progress=False)
     assert not (tmp_path / "b" / "results.parquet").exists()
     assert len(list((tmp_path / "b" / ".partial").glob("rows-*.parquet"))) == 3
     calls["n"] = -1000
     seen = []
-    monkeypatch.setattr(run_mod, "last_logits", lambda m, ids: seen.append(len(ids)) or real(m, ids))
+    monkeypatch.setattr(models_mod, "last_logits", lambda m, ids: seen.append(len(ids)) or real(m, ids))
     run_retrieval("lookup", em, cfg, tmp_path / "b", batch_size=8, progress=False)
     assert sum(seen) == len(a) - 24  # only the missing prompts were evaluated
     b = pd.read_parquet(tmp_path / "b" / "results.parquet")

@@ -124,7 +124,7 @@ def _stable(summary: dict) -> dict:
     return s
 
 
-@pytest.mark.parametrize("point", [KillPoint("phasekv.eval.run:last_logits", 5, "before"),
+@pytest.mark.parametrize("point", [KillPoint("phasekv.eval.models:last_logits", 5, "before"),
                                    KillPoint("phasekv.eval.run:_flush", 3, "after"),
                                    KillPoint("phasekv.eval.run:write_json", 1, "after", match="summary.json")],
                          ids=str)
