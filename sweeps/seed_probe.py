@@ -59,12 +59,14 @@ def main() -> None:
     from phasekv.train import train
 
     t0 = time.process_time()
-    summary = train(tc)
-    train_cpu = time.process_time() - t0
+    done = run_dir / "done.json"  # a finished training is kept (its evaluation is what is missing)
+    trained = done.is_file()
+    summary = json.loads(done.read_text()) if trained else train(tc)
+    train_cpu = None if trained else time.process_time() - t0
     curve = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     curve = [(r["step"], round(100 * r["val_accuracy"], 1)) for r in curve if "val_accuracy" in r]
     row = {"plan": a.plan, "model": cfg.name, "seed": a.seed, "data_seed": a.data_seed, "tag": tag,
-           "set": changes, "recall": _pairs(a.recall), "heldout": curve, "train_cpu_s": round(train_cpu)}
+           "set": changes, "recall": _pairs(a.recall), "heldout": curve, "train_cpu_s": train_cpu and round(train_cpu)}
     for padding in a.paddings.split(","):
         out = Path(a.out) / tag / "eval" / padding / name
         s = stages.retrieval(plan.to_dict(), str(run_dir), str(out), "lookup", padding)

@@ -38,36 +38,36 @@ from phasekv.train.sweep import SweepRun, run_runs
 
 console = Console(stderr=True)
 
-BASE = {"data": "recall", "seq_len": 96, "steps": 1000, "batch_size": 64, "grad_accum": 4, "trim": True,
-        "lr": 3e-3, "warmup": 100,
+BASE = {"data": "recall", "seq_len": 96, "steps": 600, "batch_size": 64, "grad_accum": 4, "trim": True,
+        "lr": 3e-3, "warmup": 100, "val_every": 100,
         "recall": {"min_records": 2, "max_records": 16, "n_keys": 0, "n_values": 0, "key_words": 2, "max_prefix": 24,
                    "min_distance": 16, "gap_prob": 1.0, "max_gap": 4, "curriculum": 25600}}
 # the demo's recipe (records spaced out, grown from 1 over 400 steps) over the needle's words: every animal and
 # name, two-animal keys (a first probe trained W8/S8 from scratch on recall at 1,024 tokens: it stayed at chance)
+DEMO = {**BASE, "steps": 2000, "recall": {**BASE["recall"], "n_keys": 32, "n_values": 32, "key_words": 1}}
+# the demo's own recall and steps (the shipped lists' first 32 keys and 32 names, one-animal keys)
 STAGES = {
-    "base": BASE,
+    "demo": DEMO,
+    "base": {**BASE, "widen": True},
     "256": {"data": "needle", "seq_len": 256, "steps": 600, "batch_size": 32, "lr": 2e-3, "warmup": 50,
             "val_every": 100, "val_sequences": 128, "needle": {"queries": 8, "curriculum": 12800}},
     "1024": {"data": "needle", "seq_len": 1024, "steps": 600, "batch_size": 16, "lr": 1e-3, "warmup": 50,
              "val_every": 100, "val_sequences": 64, "needle": {"queries": 8, "curriculum": 1600}},
-}  # each stage continues the one before; records grow from 1 over the first 400 (256) and 100 (1,024) steps
-DEMO = {**BASE, "val_every": 100, "recall": {**BASE["recall"], "n_keys": 32, "n_values": 32, "key_words": 1}}
-# full attention's own chain: the demo's recall over the shipped lists' first 32 keys and 32 names (one-animal keys,
-# which it learns: held-out 97.8% at step 700), its vocabulary then widened to the needle's words (`widen`), then
-# the needle's words at 96 tokens and the stages above. From the needle's words directly its chain stayed on the
-# "any name in the context" plateau (base 18.1%, 256 tokens 3.5%: docs/results/needle.md)
-FULL_STAGES = {"demo": DEMO, "base": {**BASE, "steps": 600, "val_every": 100, "widen": True},
-               "256": STAGES["256"], "1024": STAGES["1024"]}
+}  # each stage continues the one before; records grow from 1 over the first 400 (base, 256) and 100 (1,024) steps.
+#   Every chain binds keys to names first on the demo's recall, where each model learns it (full attention at 2,000
+#   steps at every seed tried: phasekv/demo/plan.py), its vocabulary then widened to the needle's words (`widen`),
+#   then the needle's words at 96 tokens and the longer stages. From the needle's words directly full attention stayed
+#   on the "any name in the context" plateau (base 18.1%, 256 tokens 3.5%) and W8/S8's chain learned at 1 of 2 fresh
+#   seeds (the other: base 15.8%, 256 tokens 2.4%; docs/results/needle.md, docs/results/seeds.md)
 WIDE = "-wide"  # suffix of the widened copy of a run (`widen`): the next stage's init_from
+QUICK_BASE = {**BASE, "steps": 4, "batch_size": 8, "grad_accum": 1, "warmup": 2, "val_sequences": 8,
+              "gate_steps": "none", "recall": {**BASE["recall"], "curriculum": 16}}
 QUICK = {  # the same path at tiny budgets: the plumbing, not the effect
-    "base": {**BASE, "steps": 4, "batch_size": 8, "grad_accum": 1, "warmup": 2, "val_sequences": 8,
-             "gate_steps": "none", "recall": {**BASE["recall"], "curriculum": 16}},
+    "demo": {**QUICK_BASE, "recall": {**QUICK_BASE["recall"], "n_keys": 32, "n_values": 32, "key_words": 1}},
+    "base": {**QUICK_BASE, "widen": True},
     "128": {"data": "needle", "seq_len": 128, "steps": 3, "batch_size": 4, "lr": 2e-3, "warmup": 1,
             "val_sequences": 8, "gate_steps": "none", "needle": {"queries": 2, "curriculum": 8}},
 }
-QUICK_FULL = {"demo": {**QUICK["base"], "recall": {**QUICK["base"]["recall"], "n_keys": 32, "n_values": 32,
-                                                   "key_words": 1}},
-              "base": {**QUICK["base"], "widen": True}, "128": QUICK["128"]}
 
 
 @dataclass
@@ -75,8 +75,8 @@ class NeedlePlan:
     mode: str  # "full" | "quick"
     models: list[str] = field(default_factory=lambda: ["W8/S8 · 1 KV", "Full attention · 1 KV", "W8/S4 · 1 KV"])
     stages: dict = field(default_factory=lambda: STAGES)  # tag -> `phasekv train` options, in training order
-    own: dict = field(default_factory=lambda: {"Full attention · 1 KV": FULL_STAGES})  # model -> its own stages
-    #   (the same last stage); a stage's "widen": True starts it from the previous run widened to its words
+    own: dict = field(default_factory=dict)  # model -> its own stages (the same last stage); none in the plan: every
+    #   chain takes `stages`. A stage's "widen": True starts it from the previous run widened to its words
     lengths: tuple[int, ...] = (1, 2, 4)  # needle contexts, multiples of the last stage's training length
     per_group: int = 256  # needle prompts per residue mod 8 (a multiple of 64: exact moment matching); a stride of 8
     #                       is tested on residues mod 16 with about as many prompts (the audit's rule)
@@ -127,7 +127,7 @@ def plan_for(quick: bool) -> NeedlePlan:
     if not quick:
         return NeedlePlan("full")
     return NeedlePlan("quick", models=["W8/S8 · 1 KV", "Full attention · 1 KV"], stages=QUICK, lengths=(1, 2),
-                      per_group=8, continues={}, own={"Full attention · 1 KV": QUICK_FULL})
+                      per_group=8, continues={})
 
 
 def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool = True,
@@ -203,7 +203,8 @@ def curves_figure(chains: list[tuple[str, str, list[SweepRun]]]) -> Figure:
 
 def stage_tokenizer(options: dict):
     """The tokenizer of a stage's data (`phasekv train` options, e.g. STAGES["base"]): the words `widen` widens to."""
-    return data_tokenizer(SweepRun("", "", {**options, "out": ""}).config().data)
+    train = {k: v for k, v in options.items() if k != "widen"}  # a stage's own key, no training option
+    return data_tokenizer(SweepRun("", "", {**train, "out": ""}).config().data)
 
 
 def widen(source: Path, tok, out: Path) -> Path:

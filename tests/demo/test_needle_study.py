@@ -13,21 +13,17 @@ from phasekv.demo.needle import STAGES, plan_for
 def test_plan_chains_each_model_from_its_previous_stage(tmp_path):
     plan = plan_for(quick=False)
     assert plan.train_len == 1024 and plan.per_group % 64 == 0 and plan.lengths == (1, 2, 4)
-    assert list(plan.stages) == ["base", "256", "1024"] and plan.stages is STAGES
-    chains = {model: (alias, chain) for model, alias, chain in plan.runs(tmp_path)}
-    alias, full = chains.pop("Full attention · 1 KV")  # its own chain: the demo's words, widened, then the needle's
-    assert [r.alias for r in full] == [f"{alias}-{t}" for t in ("demo", "base", "256", "1024")]
-    assert [r.options.get("init_from") for r in full] == [None, f"{full[0].out}-wide", str(full[1].out),
-                                                         str(full[2].out)]
-    assert full[0].config().data.recall.n_keys == 32 and full[0].config().data.recall.key_words == 1
-    assert [r.config().seq_len for r in full] == [96, 96, 256, 1024]
-    for model, (alias, chain) in chains.items():
-        assert [r.options.get("init_from") for r in chain] == [None, str(chain[0].out), str(chain[1].out)]
+    assert list(plan.stages) == ["demo", "base", "256", "1024"] and plan.stages is STAGES and not plan.own
+    for model, alias, chain in plan.runs(tmp_path):  # every chain: the demo's words, widened, then the needle's
+        assert [r.alias for r in chain] == [f"{alias}-{t}" for t in ("demo", "base", "256", "1024")]
+        assert [r.options.get("init_from") for r in chain] == [None, f"{chain[0].out}-wide", str(chain[1].out),
+                                                               str(chain[2].out)]
         cfgs = [r.config() for r in chain]
-        assert [c.seq_len for c in cfgs] == [96, 256, 1024] and cfgs[-1].data.is_needle and cfgs[0].data.is_recall
-        assert cfgs[0].data.recall.key_words == 2 and cfgs[0].data.recall.n_keys == 0  # the needle's words
+        assert cfgs[0].data.recall.n_keys == 32 and cfgs[0].data.recall.key_words == 1 and cfgs[0].total_steps == 2000
+        assert [c.seq_len for c in cfgs] == [96, 96, 256, 1024] and cfgs[-1].data.is_needle and cfgs[1].data.is_recall
+        assert cfgs[1].data.recall.key_words == 2 and cfgs[1].data.recall.n_keys == 0  # the needle's words
         assert cfgs[-1].data.needle.records == 125  # the test's density at 1,024 tokens
-        assert chain[0].alias == f"{alias}-base" and cfgs[0].arch == model
+        assert cfgs[0].arch == model
     continued = plan_for(quick=False)
     continued.continues = {"W8/S4 · 1 KV": ("Full attention · 1 KV", "base")}  # a design change from another chain
     (_, _, full), (_, alias, w8s4) = continued.runs(tmp_path)[1:]
