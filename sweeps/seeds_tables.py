@@ -1,0 +1,103 @@
+"""The tables of docs/results/seeds.md, from the runs themselves (Markdown on stdout).
+
+    python sweeps/seeds_tables.py probes runs/seeds/results.jsonl       # sweeps/seed_probe.py's rows
+    python sweeps/seeds_tables.py demo runs/demo-seeds                  # each model and claim at each seed
+    python sweeps/seeds_tables.py needle needle_seeds                   # the needle's controls at each seed
+
+"Learns" is the rule of sweeps/seeds.md: full attention's prefix mean >= 90 and flat under both paddings; a
+compressed model above the retrieval floor and periodic with its stride (prefix padding).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from phasekv.config import ModelConfig
+from phasekv.config.names import seed_of, unseeded
+from phasekv.eval.stats import FLAT, clopper_pearson, flatness, retrieves
+
+LEARNED_MEAN = 90.0  # full attention's lookup mean that counts as learned
+
+
+def learns(model: str, paddings: dict[str, dict]) -> bool:
+    """The rule of sweeps/seeds.md on a model's lookup summaries (padding -> summary or probe row)."""
+    pre = paddings.get("prefix")
+    if pre is None:
+        return False
+    cfg = ModelConfig.from_name(model)
+    if not cfg.compressed:
+        return pre["mean"] >= LEARNED_MEAN and all(flatness(s["gap_ci"]) == FLAT for s in paddings.values())
+    chance = 100 / 16  # one of the prompt's 16 records
+    p = pre.get("p", (pre.get("periodicity") or {}).get("p_value"))
+    return retrieves(pre["mean_ci"], chance) and pre["detected_period"] == cfg.stride and p is not None and p < 0.05
+
+
+def _gap(s: dict) -> str:
+    return f"{s['mean']:.1f} | {s['gap']:.1f} [{s['gap_ci'][0]:.1f}, {s['gap_ci'][1]:.1f}] | {s['detected_period']}"
+
+
+def rate(k: int, n: int) -> str:
+    lo, hi = clopper_pearson(k, n)
+    return f"{k} of {n} (exact 95%: {100 * lo:.0f}-{100 * hi:.0f}%)"
+
+
+def probes(path: Path) -> None:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    print("| model | recipe | seed | held-out (last) | left the plateau | prefix: mean | gap [95%] | period | "
+          "in-sequence gap | learns |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        exit_step = next((s for s, h in r["heldout"] if h > 60), None)
+        seeds = f"{r['seed']}" + (f" (data {r['data_seed']})" if r.get("data_seed") is not None else "")
+        inseq = r.get("in-sequence")
+        print(f"| {r['model']} | {r['tag']} | {seeds} | {r['heldout'][-1][1]:.1f}% | {exit_step or 'no'} | "
+              f"{_gap(r['prefix'])} | {'' if inseq is None else _gap(inseq).split(' | ')[1]} | "
+              f"{'yes' if learns(r['model'], {k: r[k] for k in ('prefix', 'in-sequence') if k in r}) else 'no'} |")
+
+
+def demo(root: Path) -> None:
+    """Each model's lookup at each seed, the learned counts per design, and every claim's verdict at each seed."""
+    manifest = json.loads((root / "demo.json").read_text())
+    by_design: dict[str, list[bool]] = {}
+    print("| model | seed | prefix: mean | gap [95%] | period | in-sequence: mean | gap [95%] | period | learns |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for alias, m in manifest["models"].items():
+        s = {p: json.loads((root / "eval" / f"lookup-{p}" / alias / "summary.json").read_text())
+             for p in ("prefix", "in-sequence") if (root / "eval" / f"lookup-{p}" / alias / "summary.json").is_file()}
+        if not s:
+            continue
+        ok = learns(m["name"], s)
+        by_design.setdefault(unseeded(m["name"]), []).append(ok)
+        print(f"| {unseeded(m['name'])} | {seed_of(m['name'])} | {_gap(s['prefix'])} | "
+              f"{_gap(s['in-sequence']) if 'in-sequence' in s else ''} | {'yes' if ok else '**no**'} |")
+    print()
+    for design, oks in by_design.items():
+        print(f"- {design}: learns at {rate(sum(oks), len(oks))}")
+    claims = json.loads((root / "report" / "claims.json").read_text())
+    seeds = sorted({int(s) for c in claims for s in (c["evidence"].get("seeds") or {})})
+    print()
+    print("| claim | verdict | " + " | ".join(f"{s}" for s in seeds) + " |")
+    print("|---|---|" + "---|" * len(seeds))
+    mark = {"reproduced": "✓", "not reproduced": "✗", "not testable here": "–"}
+    for c in claims:
+        per = c["evidence"].get("seeds") or {}
+        cells = [mark[per[str(s)]["verdict"]] if str(s) in per else "" for s in seeds]
+        print(f"| {c['claim']} | {c['verdict']}: {c['reason'].split(';')[0].split('(exact')[0].strip()} | "
+              + " | ".join(cells) + " |")
+
+
+def needle(root: Path) -> None:
+    rows = json.loads((root / "needle.json").read_text())["controls"]
+    print("| model | seed | context | mean [95%] | gap [95%] | period | p at S | audit (exit) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        p = "" if r["period_p_value"] is None else f"{r['period_p_value']:.4f}"
+        print(f"| {unseeded(r['model'])} | {seed_of(r['model'])} | {r['context']:,} | {r['mean']:.1f} "
+              f"[{r['mean_ci'][0]:.1f}, {r['mean_ci'][1]:.1f}] | {r['gap']:.1f} [{r['gap_ci'][0]:.1f}, "
+              f"{r['gap_ci'][1]:.1f}] | {r['detected_period']} | {p} | {r['verdict']} ({r['exit_code']}) |")
+
+
+if __name__ == "__main__":
+    {"probes": probes, "demo": demo, "needle": needle}[sys.argv[1]](Path(sys.argv[2]))
