@@ -283,6 +283,16 @@ def triton_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: t
     return fused(q, pos, ek, ev, k, v, grid, sinks, holds)
 
 
+def triton_entries(compressor, h: torch.Tensor, k_norm=None, shift: torch.Tensor | None = None):
+    """`compressor.entries(h, k_norm, shift)` in fused Triton kernels (`triton_compressor`): the triton backend's
+    compressor, as `triton_attention` is its attention."""
+    try:
+        from phasekv.attention.triton_compressor import entries
+    except ImportError as e:
+        raise ConfigError(f"the triton backend cannot run here: {e}") from e
+    return entries(compressor, h, k_norm, shift)
+
+
 # a compressed layer's parallel path (no ring) per fast backend; same arguments, same result
 PARALLEL = {"blockwise": blockwise_attention, "flex": flex_attention, "triton": triton_attention}
 
