@@ -293,6 +293,16 @@ def triton_entries(compressor, h: torch.Tensor, k_norm=None, shift: torch.Tensor
     return entries(compressor, h, k_norm, shift)
 
 
+def triton_decode_update(*args) -> None:
+    """`triton_compressor.decode_update`: a decode step's merge of its token into the in-flight windows, and the
+    oldest window's entry where the token ends it, in one fused kernel (the triton backend's)."""
+    try:
+        from phasekv.attention.triton_compressor import decode_update
+    except ImportError as e:
+        raise ConfigError(f"the triton backend cannot run here: {e}") from e
+    decode_update(*args)
+
+
 # a compressed layer's parallel path (no ring) per fast backend; same arguments, same result
 PARALLEL = {"blockwise": blockwise_attention, "flex": flex_attention, "triton": triton_attention}
 

@@ -151,8 +151,8 @@ def _fwd_block(H, hrow, start, offs_j, okj, P, Z, BIAS, NW, QN, INV, OUT, POOL, 
                LEADING: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, BC: tl.constexpr, D: tl.constexpr,
                DOT: tl.constexpr, PREC: tl.constexpr):
     """One branch's entries of BM windows j (the tokens of offset i at start + i): pooled in one online softmax over
-    the offsets, post-normed and, on the key branch, key-normed and rotated; stored at `row` (the branch, sequence
-    and KV head), with the pooled payload and the log-sum-exp the backward reads."""
+    the offsets, post-normed and, on the key branch, key-normed and rotated; stored at OUT (the sequence and KV
+    head's), with the pooled payload and the log-sum-exp the backward reads at `row` (the branch's too)."""
     offs_c = tl.arange(0, BD)
     m = tl.zeros([BM, BD], tl.float32) - 1.0e30  # finite: an absent token (logit -inf) leaves the state as it is
     z = tl.zeros([BM, BD], tl.float32)  # softmax normaliser
@@ -180,13 +180,13 @@ def _fwd_block(H, hrow, start, offs_j, okj, P, Z, BIAS, NW, QN, INV, OUT, POOL, 
         if ROT > 0:
             cos, sin, R = _rope(offs_j * S + OFFSET + ROPE_AT, INV, ROT, LEADING, BD, D)
             y = y * cos + tl.dot(y, R, input_precision="ieee") * sin  # exact: R holds one +-1 per column
-    tl.store(OUT + (row + offs_j[:, None]) * D + offs_c[None, :], y.to(OUT.dtype.element_ty), mask=cols)
+    tl.store(OUT + offs_j[:, None] * D + offs_c[None, :], y.to(OUT.dtype.element_ty), mask=cols)
 
 
 @triton.autotune(_configs(), key=["d", "W", "D"])
 @triton.heuristics(OPTIONAL)
 @triton.jit
-def _fwd_kernel(H, DELAY, SHIFT, PK, ZK, KB, NK, PV, ZV, VB, NV, QN, INV, OUT, POOL, LSE, n, d, s_hb, s_ht, s_pw, n_kv,
+def _fwd_kernel(H, DELAY, SHIFT, PK, ZK, KB, NK, PV, ZV, VB, NV, QN, INV, OUTK, OUTV, POOL, LSE, n, d, s_hb, s_ht, s_pw, n_kv,
                 S, OFFSET, ROPE_AT, W, eps, qk_eps, VEC: tl.constexpr, ROT: tl.constexpr, LEADING: tl.constexpr,
                 HAS_SHIFT: tl.constexpr, GATED: tl.constexpr, KEY_BIAS: tl.constexpr, VALUE_BIAS: tl.constexpr,
                 POST: tl.constexpr, KNORM: tl.constexpr, TWO: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
@@ -200,13 +200,14 @@ def _fwd_kernel(H, DELAY, SHIFT, PK, ZK, KB, NK, PV, ZV, VB, NV, QN, INV, OUT, P
     start = offs_j * S + OFFSET - back  # (BM,) where in h each window's offset 0 reads
     row = (br * tl.num_programs(1) + bh) * n
     if br == 0:
-        _fwd_block(H, b * s_hb, start, offs_j, offs_j < n, PK, ZK, KB, NK, QN, INV, OUT, POOL, LSE, row, hd, n_kv,
+        _fwd_block(H, b * s_hb, start, offs_j, offs_j < n, PK, ZK, KB, NK, QN, INV, OUTK + bh * n * D, POOL, LSE,
+                   row, hd, n_kv,
                    s_pw, d, s_ht, S, OFFSET, ROPE_AT, W, eps, qk_eps, True, GATED, VEC, KEY_BIAS, POST, KNORM, ROT,
                    LEADING, BM, BD, BC, D, DOT, PREC)
     if TWO:
         if br == 1:
-            _fwd_block(H, b * s_hb, start, offs_j, offs_j < n, PV, ZV, VB, NV, QN, INV, OUT, POOL, LSE, row, hd,
-                       n_kv, s_pw, d, s_ht, S, OFFSET, ROPE_AT, W, eps, qk_eps, False, GATED, VEC, VALUE_BIAS, POST, KNORM,
+            _fwd_block(H, b * s_hb, start, offs_j, offs_j < n, PV, ZV, VB, NV, QN, INV, OUTV + bh * n * D, POOL, LSE,
+                       row, hd, n_kv, s_pw, d, s_ht, S, OFFSET, ROPE_AT, W, eps, qk_eps, False, GATED, VEC, VALUE_BIAS, POST, KNORM,
                        ROT, LEADING, BM, BD, BC, D, DOT, PREC)
 
 
@@ -282,7 +283,7 @@ def _bwd_block(H, hrow, dhrow, start, offs_j, okj, P, Z, BIAS, NW, QN, INV, DOUT
     d payload = alpha dpool and d logit = alpha dpool (c - pooled) (summed over the channels of a scalar gate)."""
     offs_c = tl.arange(0, BD)
     cols = okj[:, None] & (offs_c < D)[None, :]
-    dy = tl.load(DOUT + (row + offs_j[:, None]) * D + offs_c[None, :], mask=cols, other=0.0).to(tl.float32)
+    dy = tl.load(DOUT + offs_j[:, None] * D + offs_c[None, :], mask=cols, other=0.0).to(tl.float32)
     pooled = tl.load(POOL + (row + offs_j[:, None]) * D + offs_c[None, :], mask=cols, other=0.0)
     lse = _lse_load(LSE, row, offs_j, okj, VEC, BM, BD, D)
     dpool = _entry_back(dy, pooled, offs_j * S + OFFSET + ROPE_AT, NW, QN, INV, WS + OFF_N, WS + OFF_QN, eps, qk_eps, KEY,
@@ -299,7 +300,7 @@ def _bwd_block(H, hrow, dhrow, start, offs_j, okj, P, Z, BIAS, NW, QN, INV, DOUT
 @triton.autotune(_configs(), key=["d", "W", "D"], reset_to_zero=["WS"])  # the workspace is zeroed for every trial
 @triton.heuristics(OPTIONAL)
 @triton.jit
-def _bwd_kernel(H, DELAY, SHIFT, PK, ZK, KB, NK, PV, ZV, VB, NV, QN, INV, DOUT, POOL, LSE, WS, OFF_PK, OFF_ZK, OFF_KB,
+def _bwd_kernel(H, DELAY, SHIFT, PK, ZK, KB, NK, PV, ZV, VB, NV, QN, INV, DOUTK, DOUTV, POOL, LSE, WS, OFF_PK, OFF_ZK, OFF_KB,
                 OFF_NK, OFF_PV, OFF_ZV, OFF_VB, OFF_NV, OFF_QN, T, n, d, s_hb, s_ht, s_pw, n_kv, S, OFFSET, ROPE_AT, W,
                 eps, qk_eps, VEC: tl.constexpr, ROT: tl.constexpr, LEADING: tl.constexpr, HAS_SHIFT: tl.constexpr,
                 GATED: tl.constexpr, KEY_BIAS: tl.constexpr, VALUE_BIAS: tl.constexpr, POST: tl.constexpr,
@@ -314,13 +315,14 @@ def _bwd_kernel(H, DELAY, SHIFT, PK, ZK, KB, NK, PV, ZV, VB, NV, QN, INV, DOUT, 
     start = offs_j * S + OFFSET - back
     row = (br * tl.num_programs(1) + bh) * n
     if br == 0:
-        _bwd_block(H, b * s_hb, b * T * d, start, offs_j, offs_j < n, PK, ZK, KB, NK, QN, INV, DOUT, POOL, LSE, WS,
+        _bwd_block(H, b * s_hb, b * T * d, start, offs_j, offs_j < n, PK, ZK, KB, NK, QN, INV, DOUTK + bh * n * D,
+                   POOL, LSE, WS,
                    OFF_PK, OFF_ZK, OFF_KB, OFF_NK, OFF_QN, row, hd, n_kv, s_pw, d, s_ht, S, OFFSET, ROPE_AT, W, eps, qk_eps,
                    True, GATED, VEC, KEY_BIAS, POST, KNORM, ROT, LEADING, BM, BD, BC, D, DOT, PREC)
     if TWO:
         if br == 1:
-            _bwd_block(H, b * s_hb, b * T * d, start, offs_j, offs_j < n, PV, ZV, VB, NV, QN, INV, DOUT, POOL, LSE,
-                       WS, OFF_PV, OFF_ZV, OFF_VB, OFF_NV, OFF_QN, row, hd, n_kv, s_pw, d, s_ht, S, OFFSET, ROPE_AT, W,
+            _bwd_block(H, b * s_hb, b * T * d, start, offs_j, offs_j < n, PV, ZV, VB, NV, QN, INV,
+                       DOUTV + bh * n * D, POOL, LSE, WS, OFF_PV, OFF_ZV, OFF_VB, OFF_NV, OFF_QN, row, hd, n_kv, s_pw, d, s_ht, S, OFFSET, ROPE_AT, W,
                        eps, qk_eps, False, GATED, VEC, VALUE_BIAS, POST, KNORM, ROT, LEADING, BM, BD, BC, D, DOT,
                        PREC)
 
@@ -357,28 +359,28 @@ def _launch(h: torch.Tensor, pk: torch.Tensor, pv: Maybe, n: int):
 @torch.library.custom_op("phasekv::compress", mutates_args=())
 def compress(h: torch.Tensor, delay: torch.Tensor, shift: Maybe, pk: torch.Tensor, zk: Maybe, kb: Maybe, nk: Maybe,
              pv: Maybe, zv: Maybe, vb: Maybe, nv: Maybe, qn: Maybe, inv: Maybe, grid: list[int], rope: list[int],
-             eps: list[float], dot: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Entries (n_branches, B, n_kv, n, D) of hidden states h (B, T, d) and, for the backward, their pooled payloads
-    (same shape, fp32) and gate log-sum-exps (.., n, G). Per branch: payload rows (1 or W, n_kv, D, d), gate rows
-    (W, n_kv, G, d) and biases (W, n_kv, G) or None, post-norm weight (D,) or None; qn the key norm's weight; inv
-    RoPE's inverse frequencies; grid [n, S, offset, rope_at, W]; rope [dims, leading]; eps [post-norm, key norm];
-    dot the dtype the products run in (autocast's)."""
+             eps: list[float], dot: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keys and values (B, n_kv, n, D) (no values: empty) of hidden states h (B, T, d) and, for the backward, the
+    pooled payloads (n_branches, B, n_kv, n, D) and the gate log-sum-exps (.., G), fp32. Per branch: payload rows
+    (1 or W, n_kv, D, d), gate rows (W, n_kv, G, d) and biases (W, n_kv, G) or None, post-norm weight (D,) or None;
+    qn the key norm's weight; inv RoPE's inverse frequencies; grid [n, S, offset, rope_at, W]; rope [dims, leading];
+    eps [post-norm, key norm]; dot the dtype the products run in (autocast's)."""
     h = h if h.stride(-1) == 1 else h.contiguous()
     pk, zk, kb, pv, zv, vb = _dense(pk, zk, kb, pv, zv, vb)
-    out, pool, lse = _compress_fake(h, delay, shift, pk, zk, kb, nk, pv, zv, vb, nv, qn, inv, grid, rope, eps, dot)
+    ek, ev, pool, lse = _compress_fake(h, delay, shift, pk, zk, kb, nk, pv, zv, vb, nv, qn, inv, grid, rope, eps, dot)
     if grid[0]:
         scalars, statics = _args(h, pk, zk, grid, rope, eps, dot)
-        _fwd_kernel[_launch(h, pk, pv, grid[0])](h, delay, shift, pk, zk, kb, nk, pv, zv, vb, nv, qn, inv, out, pool,
+        _fwd_kernel[_launch(h, pk, pv, grid[0])](h, delay, shift, pk, zk, kb, nk, pv, zv, vb, nv, qn, inv, ek, ev, pool,
                                                  lse, *scalars, **statics)
-    return out, pool, lse
+    return ek, ev, pool, lse
 
 
 @compress.register_fake
 def _compress_fake(h, delay, shift, pk, zk, kb, nk, pv, zv, vb, nv, qn, inv, grid, rope, eps, dot):
     B, n, (n_kv, D) = h.shape[0], grid[0], pk.shape[1:3]
     shape = (1 if pv is None else 2, B, n_kv, n)
-    return (h.new_empty(*shape, D), h.new_empty(*shape, D, dtype=torch.float32),
-            h.new_empty(*shape, D if _vec(zk) else 1, dtype=torch.float32))
+    return (h.new_empty(*shape[1:], D), h.new_empty(*shape[1:], D) if pv is not None else h.new_empty(0),
+            h.new_empty(*shape, D, dtype=torch.float32), h.new_empty(*shape, D if _vec(zk) else 1, dtype=torch.float32))
 
 
 def _grad_sizes(h: torch.Tensor, weights: list[Maybe]) -> list[int]:
@@ -387,39 +389,43 @@ def _grad_sizes(h: torch.Tensor, weights: list[Maybe]) -> list[int]:
 
 
 @torch.library.custom_op("phasekv::compress_backward", mutates_args=())
-def compress_backward(dout: torch.Tensor, h: torch.Tensor, delay: torch.Tensor, shift: Maybe, pk: torch.Tensor,
-                      zk: Maybe, kb: Maybe, nk: Maybe, pv: Maybe, zv: Maybe, vb: Maybe, nv: Maybe, qn: Maybe,
-                      inv: Maybe, pool: torch.Tensor, lse: torch.Tensor, grid: list[int], rope: list[int],
+def compress_backward(dek: torch.Tensor, dev: Maybe, h: torch.Tensor, delay: torch.Tensor, shift: Maybe,
+                      pk: torch.Tensor, zk: Maybe, kb: Maybe, nk: Maybe, pv: Maybe, zv: Maybe, vb: Maybe, nv: Maybe,
+                      qn: Maybe, inv: Maybe, pool: torch.Tensor, lse: torch.Tensor, grid: list[int], rope: list[int],
                       eps: list[float], dot: torch.dtype) -> torch.Tensor:
-    """The gradients of h and of pk, zk, kb, nk, pv, zv, vb, nv, qn, one after the other in one fp32 workspace."""
+    """The gradients of h and of pk, zk, kb, nk, pv, zv, vb, nv, qn, one after the other in one fp32 workspace, from
+    the keys' and values' dek, dev."""
     h = h if h.stride(-1) == 1 else h.contiguous()
-    pk, zk, kb, pv, zv, vb = _dense(pk, zk, kb, pv, zv, vb)
+    pk, zk, kb, pv, zv, vb, dek, dev = _dense(pk, zk, kb, pv, zv, vb, dek, dev)
     weights = [pk, zk, kb, nk, pv, zv, vb, nv, qn]
     sizes = _grad_sizes(h, weights)
     ws = torch.zeros(sum(sizes), dtype=torch.float32, device=h.device)
     if grid[0]:
         scalars, statics = _args(h, pk, zk, grid, rope, eps, dot)
         offsets = [sum(sizes[: i + 1]) for i in range(len(weights))]  # each weight's gradient, after h's
-        _bwd_kernel[_launch(h, pk, pv, grid[0])](h, delay, shift, *weights, inv, dout.contiguous(), pool, lse, ws,
-                                                 *offsets, h.shape[1], *scalars, **statics)
+        _bwd_kernel[_launch(h, pk, pv, grid[0])](h, delay, shift, *weights, inv, dek, dev, pool, lse, ws, *offsets,
+                                                 h.shape[1], *scalars, **statics)
     return ws
 
 
 @compress_backward.register_fake
-def _compress_backward_fake(dout, h, delay, shift, pk, zk, kb, nk, pv, zv, vb, nv, qn, inv, pool, lse, grid, rope, eps,
-                            dot):
+def _compress_backward_fake(dek, dev, h, delay, shift, pk, zk, kb, nk, pv, zv, vb, nv, qn, inv, pool, lse, grid, rope,
+                            eps, dot):
     return h.new_empty(sum(_grad_sizes(h, [pk, zk, kb, nk, pv, zv, vb, nv, qn])), dtype=torch.float32)
 
 
 def _setup(ctx, inputs, output) -> None:
     h, delay, shift, *weights, inv, grid, rope, eps, dot = inputs
-    ctx.save_for_backward(h, delay, shift, *weights, inv, *output[1:])
+    ctx.save_for_backward(h, delay, shift, *weights, inv, *output)
     ctx.statics = (grid, rope, eps, dot)
+    ctx.set_materialize_grads(False)  # no zeros for the outputs only the backward reads
 
 
-def _backward(ctx, dout, _dpool, _dlse):
-    h, delay, shift, *weights, inv, pool, lse = ctx.saved_tensors
-    ws = compress_backward(dout, h, delay, shift, *weights, inv, pool, lse, *ctx.statics)
+def _backward(ctx, dek, dev, _dpool, _dlse):
+    h, delay, shift, *weights, inv, ek, ev, pool, lse = ctx.saved_tensors
+    dek = torch.zeros_like(ek) if dek is None else dek  # the values' alone reached the loss
+    dev = torch.zeros_like(ev) if dev is None and weights[4] is not None else dev
+    ws = compress_backward(dek, dev, h, delay, shift, *weights, inv, pool, lse, *ctx.statics)
     grads = [None if x is None else g.view(x.shape).to(x.dtype)
              for x, g in zip([h, *weights], ws.split(_grad_sizes(h, weights)), strict=True)]
     return grads[0], None, None, *grads[1:], None, None, None, None, None
@@ -440,7 +446,119 @@ def entries(compressor: Compressor, h: torch.Tensor, k_norm: torch.nn.Module | N
     inv = _inv_freq(rope.dims, rope.theta, h.device) if rope.dims else None
     dot = torch.get_autocast_dtype("cuda") if h.is_cuda and torch.is_autocast_enabled("cuda") else h.dtype
     eps = [getattr(post[0], "eps", 1e-6), getattr(k_norm, "eps", 1e-6)]
-    out = compress(h, compressor.delay_table, shift, pk, zk, kb, getattr(post[0], "weight", None), pv, zv, vb,
-                   getattr(post[1], "weight", None), qn, inv, [g.n_complete(h.shape[1]), g.stride, g.offset, g.rope_at,
-                   g.window], [rope.dims, rope.layout == "leading"], eps, dot)[0]  # (n_branches, B, n_kv, n, D)
-    return out[0], out[-1]
+    ek, ev, _, _ = compress(h, compressor.delay_table, shift, pk, zk, kb, getattr(post[0], "weight", None), pv, zv, vb,
+                            getattr(post[1], "weight", None), qn, inv, [g.n_complete(h.shape[1]), g.stride, g.offset,
+                            g.rope_at, g.window], [rope.dims, rope.layout == "leading"], eps, dot)
+    return ek, (ek if pv is None else ev)  # (B, n_kv, n, D) each
+
+
+# ---- the decode step's update of the in-flight windows ----
+@triton.jit
+def _slots(PAY, GATE, LSE, MEAN, b, br, hd, n_br, n_kv, n, k, s_pb, s_pr, s_ps, s_ph, s_gb, s_gr, s_gs, s_gh,
+           VEC: tl.constexpr, GATED: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
+    """One token merged into the first n of the k in-flight slots (oldest first) of sequence b, branch br, KV head
+    hd: each slot's log-normaliser and mean payload (BS, BD) as `decode.extend` makes them."""
+    slots, c = tl.arange(0, BS), tl.arange(0, BD)
+    rows = ((b * n_br + br) * k + slots) * n_kv + hd  # (BS,) state rows
+    inside = (slots < k)[:, None] & (c < D)[None, :]
+    mean = tl.load(MEAN + rows[:, None] * D + c[None, :], mask=inside, other=0.0).to(tl.float32)
+    if VEC:
+        lse = tl.load(LSE + rows[:, None] * D + c[None, :], mask=inside, other=float("-inf")).to(tl.float32)
+    else:
+        lse = tl.load(LSE + rows, mask=slots < k, other=float("-inf")).to(tl.float32)[:, None] + tl.zeros([BS, BD],
+                                                                                                        tl.float32)
+    live = tl.broadcast_to((slots < n)[:, None], [BS, BD])  # every channel, the padding's too
+    pay = tl.load(PAY + b * s_pb + br * s_pr + slots[:, None] * s_ps + hd * s_ph + c[None, :],
+                  mask=live & (c < D)[None, :], other=0.0).to(tl.float32)
+    s = tl.zeros([BS, BD], tl.float32)
+    if GATED:
+        if VEC:
+            s += tl.load(GATE + b * s_gb + br * s_gr + slots[:, None] * s_gs + hd * s_gh + c[None, :],
+                         mask=live & (c < D)[None, :], other=0.0).to(tl.float32)
+        else:
+            s += tl.load(GATE + b * s_gb + br * s_gr + slots * s_gs + hd * s_gh, mask=slots < n,
+                         other=0.0).to(tl.float32)[:, None]
+    hi = tl.maximum(lse, s)
+    new = hi + tl.log(1.0 + tl.exp(tl.minimum(lse, s) - hi))  # logaddexp: an empty slot (-inf) takes s
+    mean = tl.where(live, mean + tl.exp(s - new) * (pay - mean), mean)  # the token's share of each window so far
+    return rows, tl.where(live, new, lse), mean
+
+
+@triton.jit
+def _decode_kernel(POS, PAY, GATE, LSE, MEAN, EK, EV, NK, NV, QN, INV, n_kv, n, k, S, OFFSET, ROPE_AT, W, lead, eps,
+                   qk_eps, s_pb, s_pr, s_ps, s_ph, s_gb, s_gr, s_gs, s_gh, s_eb, s_eh, s_en, VEC: tl.constexpr,
+                   GATED: tl.constexpr, POST: tl.constexpr, KNORM: tl.constexpr, ROT: tl.constexpr,
+                   LEADING: tl.constexpr, TWO: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
+    """A token at position POS (read on the device) merged into its windows; where it is the oldest window's last,
+    that window's entry (post-normed; key: key-normed and rotated) written to slot lead + j of EK or EV and the
+    windows moved one slot older, the newest emptied. One program per (sequence x KV head, branch)."""
+    bh, br = tl.program_id(0), tl.program_id(1)
+    b, hd = bh // n_kv, bh % n_kv
+    rows, lse, mean = _slots(PAY, GATE, LSE, MEAN, b, br, hd, tl.num_programs(1), n_kv, n, k, s_pb, s_pr, s_ps, s_ph,
+                             s_gb, s_gr, s_gs, s_gh, VEC, GATED, BS, BD, D)
+    since = tl.load(POS).to(tl.int32) - OFFSET - W + S  # >= 0 here: S (t - j S - o - W + S) + the phase
+    j, done = since // S, since % S == S - 1  # the oldest window in flight; the token its last
+    slots, c = tl.arange(0, BS), tl.arange(0, BD)
+    dest = rows - tl.where(done, n_kv, 0)  # one slot older when the oldest completes
+    keep = (slots < k) & (slots >= tl.where(done, 1, 0))
+    tl.store(MEAN + dest[:, None] * D + c[None, :], mean.to(MEAN.dtype.element_ty), mask=keep[:, None] & (c < D)[None, :])
+    if VEC:
+        tl.store(LSE + dest[:, None] * D + c[None, :], lse.to(LSE.dtype.element_ty), mask=keep[:, None] & (c < D)[None, :])
+    else:
+        tl.store(LSE + dest, tl.max(lse, 1).to(LSE.dtype.element_ty), mask=keep)
+    if done:
+        newest = rows - (slots - (k - 1)) * n_kv  # (BS,) the newest slot's row, in every row
+        tl.store(MEAN + newest[:, None] * D + c[None, :], tl.zeros([BS, BD], MEAN.dtype.element_ty),
+                 mask=(slots == 0)[:, None] & (c < D)[None, :])
+        if VEC:
+            tl.store(LSE + newest[:, None] * D + c[None, :], tl.full([BS, BD], float("-inf"), LSE.dtype.element_ty),
+                     mask=(slots == 0)[:, None] & (c < D)[None, :])
+        else:
+            tl.store(LSE + newest, tl.full([BS], float("-inf"), LSE.dtype.element_ty), mask=slots == 0)
+        at = b * s_eb + hd * s_eh + (lead + j) * s_en + c[None, :] + slots[:, None] * 0  # (BS, BD): row 0 stored
+        if br == 0:
+            _decode_entry(mean, j * S + OFFSET + ROPE_AT + slots * 0, NK, QN, INV, EK + at, eps, qk_eps, True, POST,
+                          KNORM, ROT, LEADING, BS, BD, D)
+        if TWO:
+            if br == 1:
+                _decode_entry(mean, slots * 0, NV, QN, INV, EV + at, eps, qk_eps, False, POST, KNORM, ROT, LEADING, BS,
+                              BD, D)
+
+
+@triton.jit
+def _decode_entry(mean, pos, NW, QN, INV, at, eps, qk_eps, KEY: tl.constexpr, POST: tl.constexpr, KNORM: tl.constexpr,
+                  ROT: tl.constexpr, LEADING: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
+    """The entry of the oldest slot (row 0 of mean (BS, BD)) as `Compressor.entry_kv` makes it, stored at `at`."""
+    y = mean
+    if POST:
+        y, _, _ = _rms(y, NW, eps, BD, D)
+    if KEY:
+        if KNORM:
+            y, _, _ = _rms(y, QN, qk_eps, BD, D)
+        if ROT > 0:
+            cos, sin, R = _rope(pos, INV, ROT, LEADING, BD, D)
+            y = y * cos + tl.dot(y, R, input_precision="ieee") * sin
+    c, slots = tl.arange(0, BD), tl.arange(0, BS)
+    tl.store(at, y.to(at.dtype.element_ty), mask=(slots == 0)[:, None] & (c < D)[None, :])
+
+
+def decode_update(compressor: Compressor, k_norm: torch.nn.Module | None, lse: torch.Tensor, mean: torch.Tensor,
+                  payload: torch.Tensor, gate: torch.Tensor | None, n: int, pos: torch.Tensor, ek: torch.Tensor,
+                  ev: torch.Tensor | None, lead: int) -> None:
+    """`decode.merge` of one token at pos ((1,), on the device) into the first n of the in-flight slots lse
+    (B, n_branches, k, n_kv, G), mean (.., D), from its payloads (B, n_branches, n, n_kv, D) and gate logits (.., G)
+    or None (uniform averaging), in place; where the token ends the oldest window, `decode.complete` too: the entry
+    written to slot lead + j of the keys' ek (B, n_kv, *, D) or the values' ev buffer, the slots moved. One launch."""
+    B, n_br, k, n_kv, G = lse.shape
+    D = mean.shape[-1]
+    post = [b.post_norm for b in compressor.branches()] + [None]
+    qn = getattr(k_norm, "weight", None) if compressor.applies_k_norm else None
+    g, rope = compressor.grid, compressor.rope
+    inv = _inv_freq(rope.dims, rope.theta, pos.device) if rope.dims else None
+    _decode_kernel[(B * n_kv, n_br)](
+        pos, payload, gate, lse, mean, ek, ev, getattr(post[0], "weight", None), getattr(post[1], "weight", None), qn,
+        inv, n_kv, n, k, g.stride, g.offset, g.rope_at, g.window, lead, getattr(post[0], "eps", 1e-6),
+        getattr(k_norm, "eps", 1e-6), *payload.stride()[:4], *(gate.stride()[:4] if gate is not None else (0,) * 4),
+        *ek.stride()[:3], VEC=G > 1, GATED=gate is not None, POST=post[0] is not None, KNORM=qn is not None,
+        ROT=rope.dims, LEADING=rope.layout == "leading", TWO=ev is not None, BS=max(16, triton.next_power_of_2(k)),
+        BD=max(16, triton.next_power_of_2(D)), D=D)

@@ -420,6 +420,7 @@ def _setup(ctx, inputs, output) -> None:
     q, ek, ev, k, v, pos, sinks, holds, *grid = inputs
     ctx.save_for_backward(q, ek, ev, k, v, *output, pos, sinks, holds)
     ctx.grid = grid
+    ctx.set_materialize_grads(False)  # the log-sum-exp's gradient is None, not a tensor of zeros
 
 
 def _backward(ctx, do, _):

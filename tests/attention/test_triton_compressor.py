@@ -48,3 +48,50 @@ def test_fused_compressor_equals_reference(name):
     assert g_fused.keys() == g_ref.keys()
     for n, g in g_ref.items():
         torch.testing.assert_close(g_fused[n], g, atol=2e-5, rtol=1e-4, msg=n)
+
+
+DECODE = ["W8/S8 · 1 KV", "W8/S4 · 2 KV · staggered heads", "W8/S8 · 1 KV · uniform averaging · tied K/V · post-norm",
+          "W6/S3 · 1 KV · vector gates · no Q/K norm", "W8/S4 · 1 KV · V4 compressor", "W5/S2 · 1 KV · uncompressed tail"]
+
+
+@torch.no_grad()
+def decoded(model, ids, prompt: int, backend: str, static_until: int = 0):
+    """Logits of ids (B, T) on `backend`: a prompt chunk, then one token per step (statically up to
+    `static_until`, eagerly after)."""
+    from phasekv.attention import blockwise
+    from phasekv.model.graph import StaticDecoder
+
+    cache = model.new_cache(ids.shape[0])
+    with blockwise.use_backend(backend):
+        out = [model(ids[:, :prompt], cache=cache)]
+        dec = StaticDecoder(model, cache, capacity=static_until) if static_until else None
+        for t in range(prompt, ids.shape[1]):
+            out.append(dec(ids[:, t : t + 1]) if t < static_until else model(ids[:, t : t + 1], cache=cache))
+    return torch.cat(out, 1)
+
+
+@pytest.mark.parametrize("name", DECODE)
+def test_fused_decode_update_equals_reference(name):
+    """The decode step's merge and entry in one kernel, eager steps through every phase and several windows."""
+    pytest.importorskip("triton", reason="the triton package is not installed")
+    from phasekv import PhaseLM
+
+    model = PhaseLM(ModelConfig.from_name(name, **(TINY | {"n_layers": 1}))).eval()
+    ids = torch.randint(0, 61, (2, 30))
+    torch.testing.assert_close(decoded(model, ids, 9, "triton"), decoded(model, ids, 9, "reference"), atol=1e-5,
+                               rtol=1e-5)
+
+
+@pytest.mark.parametrize("phases", [16, 1])
+def test_fused_static_step_equals_reference(phases, monkeypatch):
+    """The static step (what a CUDA graph captures) on the fused kernel, the phase known on the host (one graph per
+    phase) or computed on the device (one graph)."""
+    pytest.importorskip("triton", reason="the triton package is not installed")
+    from phasekv import PhaseLM
+    from phasekv.model import graph
+
+    monkeypatch.setattr(graph, "MAX_PHASES", phases)
+    model = PhaseLM(ModelConfig.from_name("W8/S4 · 2 KV · staggered heads", **(TINY | {"n_layers": 1}))).eval()
+    ids = torch.randint(0, 61, (2, 30))
+    torch.testing.assert_close(decoded(model, ids, 9, "triton", static_until=30),
+                               decoded(model, ids, 9, "reference"), atol=1e-5, rtol=1e-5)
