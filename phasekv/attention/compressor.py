@@ -323,6 +323,8 @@ class Compressor(nn.Module, ABC):
         ends = self.grid.entry_end(torch.arange(n, device=shift.device))  # (n,) last position of each window
         delays = shift[:, None] + torch.tensor(self.delays, device=shift.device)  # (B, n_kv)
         holds = ends >= delays[:, :, None]  # (B, n_kv, n): its last token read from a position >= 0
+        if torch.compiler.is_compiling():
+            return holds  # a captured layer reads no value back to the host
         return None if bool(holds.all()) else holds
 
     def gate_scores(self, h: torch.Tensor, shift: torch.Tensor | None = None) -> list[tuple[str, CompressorBranch,

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from phasekv.attention.compressor import Compressor
-from phasekv.attention.rope import _inv_freq
+from phasekv.attention.rope import inv_freq
 from phasekv.attention.triton_kernel import INTERPRET, TUNE
 
 # (windows, channels of d, warps, stages): head dims of 32-128 at d_model 256-1024; the first when not tuning
@@ -443,7 +443,7 @@ def entries(compressor: Compressor, h: torch.Tensor, k_norm: torch.nn.Module | N
     post = [b.post_norm for b in compressor.branches()] + [None]
     qn = getattr(k_norm, "weight", None) if compressor.applies_k_norm else None
     g, rope = compressor.grid, compressor.rope
-    inv = _inv_freq(rope.dims, rope.theta, h.device) if rope.dims else None
+    inv = inv_freq(rope.dims, rope.theta, h.device) if rope.dims else None
     dot = torch.get_autocast_dtype("cuda") if h.is_cuda and torch.is_autocast_enabled("cuda") else h.dtype
     eps = [getattr(post[0], "eps", 1e-6), getattr(k_norm, "eps", 1e-6)]
     ek, ev, _, _ = compress(h, compressor.delay_table, shift, pk, zk, kb, getattr(post[0], "weight", None), pv, zv, vb,
@@ -554,7 +554,7 @@ def decode_update(compressor: Compressor, k_norm: torch.nn.Module | None, lse: t
     post = [b.post_norm for b in compressor.branches()] + [None]
     qn = getattr(k_norm, "weight", None) if compressor.applies_k_norm else None
     g, rope = compressor.grid, compressor.rope
-    inv = _inv_freq(rope.dims, rope.theta, pos.device) if rope.dims else None
+    inv = inv_freq(rope.dims, rope.theta, pos.device) if rope.dims else None
     _decode_kernel[(B * n_kv, n_br)](
         pos, payload, gate, lse, mean, ek, ev, getattr(post[0], "weight", None), getattr(post[1], "weight", None), qn,
         inv, n_kv, n, k, g.stride, g.offset, g.rope_at, g.window, lead, getattr(post[0], "eps", 1e-6),
