@@ -35,6 +35,7 @@ from phasekv.attention.attention import Attention
 MODELS = {"W8/S8": "w8s8-1kv", "W8/S4": "w8s4-1kv"}
 FULL = "full"
 KERNEL = "alone"  # contenders timing the attention alone (`--kernels`)
+CAPTURED = "captured"  # contenders timing the layer compiled whole (`--compile`)
 # W8/S8 / full at most, by (T, pass); W8/S4's target scales by its own bound: target x bound(S4) / bound(S8)
 TARGETS = {(4096, "fwd+bwd"): 0.5, (16384, "fwd+bwd"): 0.35, (65536, "fwd+bwd"): 0.3, (131072, "fwd"): 0.3}
 PEAK_TFLOPS, PEAK_TBS = 790.0, 4.3  # one H200, bf16 dense matmul and device copies (measured)
@@ -95,6 +96,15 @@ def kernel_step(cfg: ModelConfig, grid, backend: str | None, T: int, train: bool
     return call
 
 
+def captured(full: Attention, layers: dict, backend: str, h, pos, up, failed: set, kind: str) -> dict:
+    """Full attention's layer and the compressed ones on the fused triton kernels, each compiled whole (one graph,
+    static shapes: what `phasekv train --compile` captures)."""
+    whole = {FULL: full} | {k: a for k, a in layers.items()}
+    return {f"{k} {CAPTURED}": step(torch.compile(a, backend=backend, fullgraph=True, dynamic=False),
+                                    "blockwise" if k == FULL else "triton", h, pos, up)
+            for k, a in whole.items() if (f"{k} {CAPTURED}", kind) not in failed}
+
+
 def timed(fn, device) -> float:
     sync(device)
     t = time.perf_counter()
@@ -121,6 +131,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--warmup", type=int, default=2, help="untimed calls of every contender at every length")
     p.add_argument("--kernels", action="store_true", help="also time the attention alone (SDPA, each backend's "
                    "parallel path over random entries), no projections or compressor")
+    p.add_argument("--compile", default="", help="also time full attention's layer and the compressed ones on the "
+                   "triton backend compiled whole (torch.compile fullgraph, static shapes) with this backend "
+                   "(inductor, cudagraphs; aot_eager: the trace alone), against each other")
     p.add_argument("--json", default="", help="also write the figures to this JSON file")
     args = p.parse_args(argv)
     if args.reps < 1 or args.warmup < 1:
@@ -160,6 +173,8 @@ def main(argv: list[str] | None = None) -> dict:
         fns = {FULL: step(full, "blockwise", h, pos, up)}
         fns |= {f"{k} {b}": step(a, b, h, pos, up) for k, a in layers.items() for b in backends
                 if (f"{k} {b}", kind) not in failed}
+        if args.compile:
+            fns |= captured(full, layers, args.compile, h, pos, up, failed, kind)
         if args.kernels:
             fns[f"{FULL} {KERNEL}"] = kernel_step(cfg, None, None, T, train, device, dtype)
             fns |= {f"{k} {b} {KERNEL}": kernel_step(a.cfg, a.grid, b, T, train, device, dtype)
@@ -183,7 +198,8 @@ def main(argv: list[str] | None = None) -> dict:
             arch = name.split(" ")[0]
             c = cfgs[arch]
             flops, nbytes = work(c, T, train, torch.finfo(dtype).bits // 8)
-            ref = f"{FULL} {KERNEL}" if name.endswith(KERNEL) else FULL  # the attention alone against SDPA alone
+            # the attention alone against SDPA alone, a captured layer against full attention's captured alike
+            ref = next((f"{FULL} {kind_}" for kind_ in (KERNEL, CAPTURED) if name.endswith(kind_)), FULL)
             ratio = med[name] / med[ref] if ref in med else float("nan")
             b = bound(c, T) if c.compressed else None
             goal = target(arch, T, kind, cfgs) if c.compressed else None

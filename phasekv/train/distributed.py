@@ -80,14 +80,20 @@ def capturable(model: torch.nn.Module, device: torch.device) -> bool:
     return all(type(b.attn) is Attention and (b.attn.compressor is None or fused) for b in model.layers)
 
 
+def compile_layers(model: torch.nn.Module, backend: str = "inductor") -> None:
+    """Each layer of `model` compiled whole (one graph: `fullgraph`), at static shapes; `capturable` says whether a
+    PhaseLM's can be."""
+    for block in model.layers:
+        block.compile(backend=backend, fullgraph=True, dynamic=False)
+
+
 def wrap(model: PhaseLM, cfg: TrainConfig, dist: Dist, device: torch.device) -> torch.nn.Module:
     """Optional torch.compile (each layer captured whole, at static shapes, where it can be: `capturable`; else the
     model, with graph breaks), and DDP or FSDP2 under torchrun (FSDP2 shards `model` in place)."""
     wrapped: torch.nn.Module = model
     layers = cfg.compile and capturable(model, device)
     if layers:  # as torchtitan: per block, before sharding
-        for block in model.layers:
-            block.compile(fullgraph=True, dynamic=False)
+        compile_layers(model)
     if dist.world > 1 and cfg.fsdp:
         from torch.distributed.fsdp import fully_shard  # imported when used: ~1 s of start-up otherwise
 

@@ -8,7 +8,7 @@ import torch
 from phasekv import ModelConfig
 from phasekv.attention.attention import Attention
 
-TINY = dict(preset="tiny", vocab_size=61, n_layers=2, d_model=32, n_heads=4, head_dim=16, d_ff=48)
+TINY = dict(preset="tiny", vocab_size=61, n_layers=2, d_model=48, n_heads=4, head_dim=16, d_ff=48)  # d: 1.5 tiles
 VARIANTS = [
     "W8/S8 · 1 KV", "W8/S4 · 2 KV", "W8/S4 · 1 KV · vector gates", "W8/S8 · 1 KV · uniform averaging",
     "W6/S6 · 1 KV · tied K/V · post-norm", "W8/S4 · 1 KV · shared payload", "W8/S4 · 2 KV · staggered heads",
@@ -39,7 +39,7 @@ def test_fused_compressor_equals_reference(name):
     attn = Attention(ModelConfig.from_name(name, **TINY), 1)  # layer 1: staggered windows start off phase 0
     for p in attn.parameters():  # norms at 1 and biases at 0 would hide their terms
         torch.nn.init.normal_(p, mean=float(p.dim() == 1), std=0.3)
-    h = torch.randn(2, 37, 32)  # 37: windows of W > S overlap, the last ones incomplete
+    h = torch.randn(2, 37, 48)  # 37: windows of W > S overlap, the last ones incomplete
     shift = torch.tensor([1, attn.cfg.stride - 1]) if attn.cfg.grid_jitter else None
     ref, up, g_ref = outputs(attn, h, shift, fused=False)
     fused, _, g_fused = outputs(attn, h, shift, fused=True, up=up)

@@ -50,4 +50,4 @@ def test_train_compile_captures_the_layers_where_it_can(name, backend, layers, m
     model = PhaseLM(ModelConfig.from_name(name, **TINY))
     with blockwise.use_backend(backend):
         wrap(model, TrainConfig(compile=True), Dist(), torch.device("cpu"))
-    assert calls == ([("Block", {"fullgraph": True, "dynamic": False})] * 2 if layers else [("model", {})])
+    assert calls == ([("Block", {"backend": "inductor", "fullgraph": True, "dynamic": False})] * 2 if layers else [("model", {})])
