@@ -27,8 +27,9 @@ from phasekv.attention.compressor import Compressor
 from phasekv.attention.rope import inv_freq
 from phasekv.attention.triton_kernel import INTERPRET, TUNE
 
-# (windows, channels of d, warps, stages): head dims of 32-128 at d_model 256-1024; the first when not tuning
-TILES = ((32, 64, 4, 2), (64, 32, 4, 2))
+# (windows, channels of d, warps, stages): head dims of 32-128 at d_model 256-1024 (fewer windows where the head
+# is wide: a program holds ~5 (windows, head dim) fp32 tiles); the first when not tuning
+TILES = ((32, 64, 4, 2), (64, 32, 4, 2), (16, 64, 4, 2))
 
 
 def _configs() -> list:
@@ -138,12 +139,28 @@ def _lse_store(LSE, row, offs_j, okj, lse, VEC: tl.constexpr, BD: tl.constexpr, 
 def _lse_load(LSE, row, offs_j, okj, VEC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
     offs_c = tl.arange(0, BD)
     if VEC:
-        return tl.load(LSE + (row + offs_j[:, None]) * D + offs_c[None, :], mask=okj[:, None] & (offs_c < D)[None, :],
-                       other=0.0)
-    return tl.load(LSE + row + offs_j, mask=okj, other=0.0)[:, None] + tl.zeros([BM, BD], tl.float32)
+        lse = tl.load(LSE + (row + offs_j[:, None]) * D + offs_c[None, :], mask=okj[:, None] & (offs_c < D)[None, :],
+                      other=0.0)
+    else:
+        lse = tl.load(LSE + row + offs_j, mask=okj, other=0.0)[:, None] + tl.zeros([BM, BD], tl.float32)
+    return lse
 
 
 # ---- entries: forward ----
+@triton.jit
+def _windows(DELAY, SHIFT, n, n_kv, S, OFFSET, HAS_SHIFT: tl.constexpr, BM: tl.constexpr):
+    """A program's (sequence x KV head) bh, branch, sequence, KV head, windows j (BM,), where in h each window's
+    offset 0 reads (the head's windows start `delay` tokens early: staggered heads; the sequence's `shift`: grid
+    jitter) and its row of the pooled payloads and log-sum-exps (branch, sequence, KV head)."""
+    pid, bh, br = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, hd = bh // n_kv, bh % n_kv
+    offs_j = pid * BM + tl.arange(0, BM)
+    back = tl.load(DELAY + hd)
+    if HAS_SHIFT:
+        back += tl.load(SHIFT + b).to(tl.int32)
+    return bh, br, b, hd, offs_j, offs_j * S + OFFSET - back, (br * tl.num_programs(1) + bh) * n
+
+
 @triton.jit
 def _fwd_block(H, hrow, start, offs_j, okj, P, Z, BIAS, NW, QN, INV, OUT, POOL, LSE, row, hd, n_kv, s_pw, d, s_ht,
                S, OFFSET, ROPE_AT, W, eps, qk_eps, KEY: tl.constexpr, GATED: tl.constexpr, VEC: tl.constexpr,
@@ -171,44 +188,45 @@ def _fwd_block(H, hrow, start, offs_j, okj, P, Z, BIAS, NW, QN, INV, OUT, POOL, 
     cols = okj[:, None] & (offs_c < D)[None, :]
     tl.store(POOL + (row + offs_j[:, None]) * D + offs_c[None, :], pooled, mask=cols)
     _lse_store(LSE, row, offs_j, okj, m + tl.log(tl.maximum(z, 1e-30)), VEC, BD, D)  # ~-1e30: no token
-    y = pooled
+    y = _entry(pooled, offs_j * S + OFFSET + ROPE_AT, NW, QN, INV, eps, qk_eps, KEY, POST, KNORM, ROT, LEADING, BD, D)
+    tl.store(OUT + offs_j[:, None] * D + offs_c[None, :], y.to(OUT.dtype.element_ty), mask=cols)
+
+
+@triton.jit
+def _entry(y, pos, NW, QN, INV, eps, qk_eps, KEY: tl.constexpr, POST: tl.constexpr, KNORM: tl.constexpr,
+           ROT: tl.constexpr, LEADING: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
+    """Entries from pooled payloads y (BM, BD) as `Compressor.entry_kv` makes them: post-normed and, on the key
+    branch, key-normed and rotated to their positions pos (BM,)."""
     if POST:
         y, _, _ = _rms(y, NW, eps, BD, D)
     if KEY:
         if KNORM:
             y, _, _ = _rms(y, QN, qk_eps, BD, D)
         if ROT > 0:
-            cos, sin, R = _rope(offs_j * S + OFFSET + ROPE_AT, INV, ROT, LEADING, BD, D)
+            cos, sin, R = _rope(pos, INV, ROT, LEADING, BD, D)
             y = y * cos + tl.dot(y, R, input_precision="ieee") * sin  # exact: R holds one +-1 per column
-    tl.store(OUT + offs_j[:, None] * D + offs_c[None, :], y.to(OUT.dtype.element_ty), mask=cols)
+    return y
 
 
 @triton.autotune(_configs(), key=["d", "W", "D"])
 @triton.heuristics(OPTIONAL)
 @triton.jit
-def _fwd_kernel(H, DELAY, SHIFT, PK, ZK, KB, NK, PV, ZV, VB, NV, QN, INV, OUTK, OUTV, POOL, LSE, n, d, s_hb, s_ht, s_pw, n_kv,
-                S, OFFSET, ROPE_AT, W, eps, qk_eps, VEC: tl.constexpr, ROT: tl.constexpr, LEADING: tl.constexpr,
-                HAS_SHIFT: tl.constexpr, GATED: tl.constexpr, KEY_BIAS: tl.constexpr, VALUE_BIAS: tl.constexpr,
-                POST: tl.constexpr, KNORM: tl.constexpr, TWO: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
-                BC: tl.constexpr, D: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
-    pid, bh, br = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # window block, sequence x KV head, branch
-    b, hd = bh // n_kv, bh % n_kv
-    offs_j = pid * BM + tl.arange(0, BM)
-    back = tl.load(DELAY + hd)  # the head's windows start this many tokens early (staggered heads)
-    if HAS_SHIFT:
-        back += tl.load(SHIFT + b).to(tl.int32)  # and the sequence's (grid jitter)
-    start = offs_j * S + OFFSET - back  # (BM,) where in h each window's offset 0 reads
-    row = (br * tl.num_programs(1) + bh) * n
+def _fwd_kernel(H, DELAY, SHIFT, PK, ZK, KB, NK, PV, ZV, VB, NV, QN, INV, OUTK, OUTV, POOL, LSE, n, d, s_hb, s_ht,
+                s_pw, n_kv, S, OFFSET, ROPE_AT, W, eps, qk_eps, VEC: tl.constexpr, ROT: tl.constexpr,
+                LEADING: tl.constexpr, HAS_SHIFT: tl.constexpr, GATED: tl.constexpr, KEY_BIAS: tl.constexpr,
+                VALUE_BIAS: tl.constexpr, POST: tl.constexpr, KNORM: tl.constexpr, TWO: tl.constexpr,
+                BM: tl.constexpr, BD: tl.constexpr, BC: tl.constexpr, D: tl.constexpr, DOT: tl.constexpr,
+                PREC: tl.constexpr):
+    bh, br, b, hd, offs_j, start, row = _windows(DELAY, SHIFT, n, n_kv, S, OFFSET, HAS_SHIFT, BM)
     if br == 0:
         _fwd_block(H, b * s_hb, start, offs_j, offs_j < n, PK, ZK, KB, NK, QN, INV, OUTK + bh * n * D, POOL, LSE,
-                   row, hd, n_kv,
-                   s_pw, d, s_ht, S, OFFSET, ROPE_AT, W, eps, qk_eps, True, GATED, VEC, KEY_BIAS, POST, KNORM, ROT,
-                   LEADING, BM, BD, BC, D, DOT, PREC)
+                   row, hd, n_kv, s_pw, d, s_ht, S, OFFSET, ROPE_AT, W, eps, qk_eps, True, GATED, VEC, KEY_BIAS, POST,
+                   KNORM, ROT, LEADING, BM, BD, BC, D, DOT, PREC)
     if TWO:
         if br == 1:
-            _fwd_block(H, b * s_hb, start, offs_j, offs_j < n, PV, ZV, VB, NV, QN, INV, OUTV + bh * n * D, POOL, LSE,
-                       row, hd, n_kv, s_pw, d, s_ht, S, OFFSET, ROPE_AT, W, eps, qk_eps, False, GATED, VEC, VALUE_BIAS, POST, KNORM,
-                       ROT, LEADING, BM, BD, BC, D, DOT, PREC)
+            _fwd_block(H, b * s_hb, start, offs_j, offs_j < n, PV, ZV, VB, NV, QN, INV, OUTV + bh * n * D, POOL,
+                       LSE, row, hd, n_kv, s_pw, d, s_ht, S, OFFSET, ROPE_AT, W, eps, qk_eps, False, GATED, VEC,
+                       VALUE_BIAS, POST, KNORM, ROT, LEADING, BM, BD, BC, D, DOT, PREC)
 
 
 # ---- entries: backward ----
@@ -306,14 +324,7 @@ def _bwd_kernel(H, DELAY, SHIFT, PK, ZK, KB, NK, PV, ZV, VB, NV, QN, INV, DOUTK,
                 GATED: tl.constexpr, KEY_BIAS: tl.constexpr, VALUE_BIAS: tl.constexpr, POST: tl.constexpr,
                 KNORM: tl.constexpr, TWO: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, BC: tl.constexpr,
                 D: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
-    pid, bh, br = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    b, hd = bh // n_kv, bh % n_kv
-    offs_j = pid * BM + tl.arange(0, BM)
-    back = tl.load(DELAY + hd)
-    if HAS_SHIFT:
-        back += tl.load(SHIFT + b).to(tl.int32)
-    start = offs_j * S + OFFSET - back
-    row = (br * tl.num_programs(1) + bh) * n
+    bh, br, b, hd, offs_j, start, row = _windows(DELAY, SHIFT, n, n_kv, S, OFFSET, HAS_SHIFT, BM)
     if br == 0:
         _bwd_block(H, b * s_hb, b * T * d, start, offs_j, offs_j < n, PK, ZK, KB, NK, QN, INV, DOUTK + bh * n * D,
                    POOL, LSE, WS,
@@ -322,9 +333,9 @@ def _bwd_kernel(H, DELAY, SHIFT, PK, ZK, KB, NK, PV, ZV, VB, NV, QN, INV, DOUTK,
     if TWO:
         if br == 1:
             _bwd_block(H, b * s_hb, b * T * d, start, offs_j, offs_j < n, PV, ZV, VB, NV, QN, INV,
-                       DOUTV + bh * n * D, POOL, LSE, WS, OFF_PV, OFF_ZV, OFF_VB, OFF_NV, OFF_QN, row, hd, n_kv, s_pw, d, s_ht, S, OFFSET, ROPE_AT, W,
-                       eps, qk_eps, False, GATED, VEC, VALUE_BIAS, POST, KNORM, ROT, LEADING, BM, BD, BC, D, DOT,
-                       PREC)
+                       DOUTV + bh * n * D, POOL, LSE, WS, OFF_PV, OFF_ZV, OFF_VB, OFF_NV, OFF_QN, row, hd, n_kv,
+                       s_pw, d, s_ht, S, OFFSET, ROPE_AT, W, eps, qk_eps, False, GATED, VEC, VALUE_BIAS, POST, KNORM,
+                       ROT, LEADING, BM, BD, BC, D, DOT, PREC)
 
 
 # ---- entries: the operators ----
@@ -499,6 +510,7 @@ def _decode_kernel(POS, PAY, GATE, LSE, MEAN, EK, EV, NK, NV, QN, INV, n_kv, n, 
     since = tl.load(POS).to(tl.int32) - OFFSET - W + S  # >= 0 here: S (t - j S - o - W + S) + the phase
     j, done = since // S, since % S == S - 1  # the oldest window in flight; the token its last
     slots, c = tl.arange(0, BS), tl.arange(0, BD)
+    tl.debug_barrier()  # every slot read before any is overwritten (the stores move them between threads)
     dest = rows - tl.where(done, n_kv, 0)  # one slot older when the oldest completes
     keep = (slots < k) & (slots >= tl.where(done, 1, 0))
     tl.store(MEAN + dest[:, None] * D + c[None, :], mean.to(MEAN.dtype.element_ty), mask=keep[:, None] & (c < D)[None, :])
@@ -529,15 +541,7 @@ def _decode_kernel(POS, PAY, GATE, LSE, MEAN, EK, EV, NK, NV, QN, INV, n_kv, n, 
 def _decode_entry(mean, pos, NW, QN, INV, at, eps, qk_eps, KEY: tl.constexpr, POST: tl.constexpr, KNORM: tl.constexpr,
                   ROT: tl.constexpr, LEADING: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
     """The entry of the oldest slot (row 0 of mean (BS, BD)) as `Compressor.entry_kv` makes it, stored at `at`."""
-    y = mean
-    if POST:
-        y, _, _ = _rms(y, NW, eps, BD, D)
-    if KEY:
-        if KNORM:
-            y, _, _ = _rms(y, QN, qk_eps, BD, D)
-        if ROT > 0:
-            cos, sin, R = _rope(pos, INV, ROT, LEADING, BD, D)
-            y = y * cos + tl.dot(y, R, input_precision="ieee") * sin
+    y = _entry(mean, pos, NW, QN, INV, eps, qk_eps, KEY, POST, KNORM, ROT, LEADING, BD, D)
     c, slots = tl.arange(0, BD), tl.arange(0, BS)
     tl.store(at, y.to(at.dtype.element_ty), mask=(slots == 0)[:, None] & (c < D)[None, :])
 

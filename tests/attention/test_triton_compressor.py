@@ -9,13 +9,12 @@ from phasekv import ModelConfig
 from phasekv.attention.attention import Attention
 
 TINY = dict(preset="tiny", vocab_size=61, n_layers=2, d_model=48, n_heads=4, head_dim=16, d_ff=48)  # d: 1.5 tiles
-VARIANTS = [
-    "W8/S8 · 1 KV", "W8/S4 · 2 KV", "W8/S4 · 1 KV · vector gates", "W8/S8 · 1 KV · uniform averaging",
-    "W6/S6 · 1 KV · tied K/V · post-norm", "W8/S4 · 1 KV · shared payload", "W8/S4 · 2 KV · staggered heads",
-    "W8/S4 · 1 KV · grid jitter", "W6/S3 · 2 KV · staggered heads · grid jitter", "W8/S8 · 1 KV · no RoPE",
-    "W8/S8 · 1 KV · RoPE on 4 dims · no Q/K norm", "W8/S8 · 1 KV · staggered windows", "W8/S4 · 2 KV · phase bands",
-    "W8/S4 · 1 KV · no gate bias · uncompressed tail", "DeepSeek-style kernel", "W8/S4 · 1 KV · V4 compressor",
-    "W8/S8 · 2 KV · V4 compressor · staggered windows", "W16/S16 · 1 KV · V4 compressor · no slot bias",
+VARIANTS = [  # each part of a name once at least: W = S, W > S, W = 2S (V4's leading window), every gate and option
+    "W8/S8 · 1 KV", "W8/S4 · 2 KV · phase bands", "W8/S4 · 1 KV · vector gates · staggered windows",
+    "W8/S8 · 1 KV · uniform averaging · no RoPE", "W6/S6 · 1 KV · tied K/V · post-norm",
+    "W8/S4 · 1 KV · shared payload · no gate bias", "W8/S4 · 2 KV · staggered heads",
+    "W6/S3 · 2 KV · staggered heads · grid jitter", "W8/S8 · 1 KV · RoPE on 4 dims · no Q/K norm",
+    "DeepSeek-style kernel", "W8/S4 · 1 KV · V4 compressor", "W8/S8 · 2 KV · V4 compressor · no slot bias · staggered windows",
 ]
 
 
