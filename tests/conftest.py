@@ -25,3 +25,12 @@ _triton_on_cpu()
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _fused_kernels_ran():
+    """No test passes on a reference that ran in place of a fused Triton kernel which failed (`blockwise.guarded`)."""
+    from phasekv.attention import blockwise
+
+    yield
+    assert not blockwise.FAILED, f"a fused Triton kernel failed and the reference ran instead: {blockwise.FAILED}"

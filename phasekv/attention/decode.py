@@ -176,9 +176,7 @@ def extend(attn, groups: list[tuple[int, PhaseRows]], cache: CompressedLayerCach
                                   phases.gated)
     cache.inflight, state.live = state, n
     done = phi == g.stride - 1  # the token is window j's last
-    if blockwise.backend(x) == "triton":
-        _fused_merge(attn, cache, state, payload, gate, pos, done)
-    else:
+    if not (blockwise.backend(x) == "triton" and _fused_merge(attn, cache, state, payload, gate, pos, done)):
         merge(state, payload, gate)
         if done:
             _complete(attn, cache, state, j)
@@ -213,19 +211,22 @@ def merge(state: InFlight, payload: torch.Tensor, gate: torch.Tensor | None) -> 
 
 
 def _fused_merge(attn, cache: CompressedLayerCache, state: InFlight, payload: torch.Tensor, gate: torch.Tensor | None,
-                 pos: torch.Tensor, done: bool) -> None:
-    """`merge`, and where `done` `_complete`, as one fused kernel writing the entry in place."""
+                 pos: torch.Tensor, done: bool) -> bool:
+    """`merge`, and where `done` `_complete`, as one fused kernel writing the entry in place; False (nothing done)
+    where the kernel cannot run here."""
     stores = [s for s in (cache.entries_k, cache.entries_v) if s is not None]
     if done:
         for store in stores:
             store.make_room(1, payload[:, 0].transpose(1, 2))  # like (B, n_kv, n, D)
-    blockwise.triton_decode_update(attn.compressor, attn.k_norm, state.lse, state.mean, payload, gate,
-                                   payload.shape[2], pos, cache.entries_k.buf, getattr(cache.entries_v, "buf", None),
-                                   cache.entries_k.lead)
+    if not blockwise.triton_decode_update(attn.compressor, attn.k_norm, state.lse, state.mean, payload, gate,
+                                          payload.shape[2], pos, cache.entries_k.buf,
+                                          getattr(cache.entries_v, "buf", None), cache.entries_k.lead):
+        return False
     if done:
         for store in stores:
             store.n += 1
         state.live -= 1
+    return True
 
 
 def _complete(attn, cache: CompressedLayerCache, state: InFlight, j: int) -> None:

@@ -142,9 +142,9 @@ class StaticCompressed:
                                              k, cache.plan.phases[0][1].shape, cache.plan.phases[0][1].gated)
         if self.delay:  # after the views above are read
             cache.history.copy_(torch.cat([cache.history[:, 1:], x[:, None]], 1))
-        if blockwise.backend(x) == "triton":
-            blockwise.triton_decode_update(attn.compressor, attn.k_norm, state.lse, state.mean, payload, gate, k, t,
-                                           cache.entries_k.buf, getattr(cache.entries_v, "buf", None), self.keep)
+        if blockwise.backend(x) == "triton" and blockwise.triton_decode_update(
+                attn.compressor, attn.k_norm, state.lse, state.mean, payload, gate, k, t, cache.entries_k.buf,
+                getattr(cache.entries_v, "buf", None), self.keep):
             return
         decode.merge(state, payload, gate)
         if self.phase is None:
