@@ -35,6 +35,7 @@ from phasekv.attention.attention import Attention
 MODELS = {"W8/S8": "w8s8-1kv", "W8/S4": "w8s4-1kv"}
 FULL = "full"
 KERNEL = "alone"  # contenders timing the attention alone (`--kernels`)
+CAPTURED = "captured"  # contenders timing the layer compiled whole (`--compile`)
 # W8/S8 / full at most, by (T, pass); W8/S4's target scales by its own bound: target x bound(S4) / bound(S8)
 TARGETS = {(4096, "fwd+bwd"): 0.5, (16384, "fwd+bwd"): 0.35, (65536, "fwd+bwd"): 0.3, (131072, "fwd"): 0.3}
 PEAK_TFLOPS, PEAK_TBS = 790.0, 4.3  # one H200, bf16 dense matmul and device copies (measured)
@@ -95,6 +96,15 @@ def kernel_step(cfg: ModelConfig, grid, backend: str | None, T: int, train: bool
     return call
 
 
+def captured(full: Attention, layers: dict, backend: str, h, pos, up, failed: set, kind: str) -> dict:
+    """Full attention's layer and the compressed ones on the fused triton kernels, each compiled whole (one graph,
+    static shapes: what `phasekv train --compile` captures)."""
+    whole = {FULL: full} | {k: a for k, a in layers.items()}
+    return {f"{k} {CAPTURED}": step(torch.compile(a, backend=backend, fullgraph=True, dynamic=False),
+                                    "blockwise" if k == FULL else "triton", h, pos, up)
+            for k, a in whole.items() if (f"{k} {CAPTURED}", kind) not in failed}
+
+
 def timed(fn, device) -> float:
     sync(device)
     t = time.perf_counter()
@@ -110,6 +120,49 @@ def target(name: str, T: int, kind: str, cfgs: dict) -> float | None:
     return goal * bound(cfgs[name], T) / bound(cfgs["W8/S8"], T)
 
 
+def warm_and_time(fns: dict, reps: int, warmup: int, device, failed: set, kind: str, T: int) -> tuple[dict, dict]:
+    """Every contender warmed up at this length before any is timed (one that fails, e.g. a backend that cannot run
+    here, is dropped from `fns` and skipped from now on), then timed round-robin: the first call's seconds and each
+    timed call's, by contender."""
+    first = {}
+    for name, fn in list(fns.items()):
+        try:
+            first[name] = timed(fn, device)
+            for _ in range(warmup - 1):
+                fn()
+        except Exception as e:
+            print(f"skip {name} at T={T}: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
+            del fns[name]
+            failed.add((name, kind))
+    times = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            times[name].append(timed(fn, device))
+    return first, times
+
+
+def row(name: str, T: int, kind: str, first: float, samples: list[float], med: dict, cfgs: dict, dtype,
+        device) -> dict:
+    """One contender's figures at T, printed: its ratio to full attention's (the attention alone against SDPA
+    alone, a captured layer against full attention's captured alike), bound, target and throughput."""
+    arch = name.split(" ")[0]
+    c = cfgs[arch]
+    flops, nbytes = work(c, T, kind == "fwd+bwd", torch.finfo(dtype).bits // 8)
+    ref = next((f"{FULL} {kind_}" for kind_ in (KERNEL, CAPTURED) if name.endswith(kind_)), FULL)
+    ratio = med[name] / med[ref] if ref in med else float("nan")
+    b = bound(c, T) if c.compressed else None
+    goal = target(arch, T, kind, cfgs) if c.compressed else None
+    verdict = "" if goal is None else ("PASS" if ratio <= goal else "MISS")
+    out = {"T": T, "pass": kind, "contender": name, "first_s": first, "warm_s": med[name], "ratio": ratio, "bound": b,
+           "target": goal, "verdict": verdict, "tflops": flops / med[name] / 1e12, "gbs": nbytes / med[name] / 1e9,
+           "samples_s": samples}
+    peak = f" {out['tflops'] / PEAK_TFLOPS:>6.1%} {out['gbs'] / 1e3 / PEAK_TBS:>6.1%}" if device.type == "cuda" else ""
+    print(f"{T:>7} {kind:>7} {name:>23} | {fmt_t(first):>9} {fmt_t(med[name]):>9} {ratio:>6.3f} "
+          f"{f'{b:.3f}' if c.compressed else '':>6} {'' if goal is None else f'{goal:.3f}':>6} | "
+          f"{out['tflops']:>8.3g} {out['gbs']:>8.4g}{peak} | {verdict}", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = add_common_args(argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     p.add_argument("--train-lengths", default="1024,4096,16384", help="T for forward+backward")
@@ -121,6 +174,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--warmup", type=int, default=2, help="untimed calls of every contender at every length")
     p.add_argument("--kernels", action="store_true", help="also time the attention alone (SDPA, each backend's "
                    "parallel path over random entries), no projections or compressor")
+    p.add_argument("--compile", default="", help="also time full attention's layer and the compressed ones on the "
+                   "triton backend compiled whole (torch.compile fullgraph, static shapes) with this backend "
+                   "(inductor, cudagraphs; aot_eager: the trace alone), against each other")
     p.add_argument("--json", default="", help="also write the figures to this JSON file")
     args = p.parse_args(argv)
     if args.reps < 1 or args.warmup < 1:
@@ -160,43 +216,15 @@ def main(argv: list[str] | None = None) -> dict:
         fns = {FULL: step(full, "blockwise", h, pos, up)}
         fns |= {f"{k} {b}": step(a, b, h, pos, up) for k, a in layers.items() for b in backends
                 if (f"{k} {b}", kind) not in failed}
+        if args.compile:
+            fns |= captured(full, layers, args.compile, h, pos, up, failed, kind)
         if args.kernels:
             fns[f"{FULL} {KERNEL}"] = kernel_step(cfg, None, None, T, train, device, dtype)
             fns |= {f"{k} {b} {KERNEL}": kernel_step(a.cfg, a.grid, b, T, train, device, dtype)
                     for k, a in layers.items() for b in backends if (f"{k} {b} {KERNEL}", kind) not in failed}
-        first = {}
-        for name, fn in list(fns.items()):  # warm every contender at this length before timing any
-            try:
-                first[name] = timed(fn, device)
-                for _ in range(args.warmup - 1):
-                    fn()
-            except Exception as e:  # e.g. a backend that cannot run here: skipped from now on
-                print(f"skip {name} at T={T}: {type(e).__name__}: {str(e).splitlines()[0][:160]}", flush=True)
-                del fns[name]
-                failed.add((name, kind))
-        times = {name: [] for name in fns}
-        for _ in range(args.reps):
-            for name, fn in fns.items():
-                times[name].append(timed(fn, device))
+        first, times = warm_and_time(fns, args.reps, args.warmup, device, failed, kind, T)
         med = {name: statistics.median(v) for name, v in times.items()}
-        for name in fns:
-            arch = name.split(" ")[0]
-            c = cfgs[arch]
-            flops, nbytes = work(c, T, train, torch.finfo(dtype).bits // 8)
-            ref = f"{FULL} {KERNEL}" if name.endswith(KERNEL) else FULL  # the attention alone against SDPA alone
-            ratio = med[name] / med[ref] if ref in med else float("nan")
-            b = bound(c, T) if c.compressed else None
-            goal = target(arch, T, kind, cfgs) if c.compressed else None
-            verdict = "" if goal is None else ("PASS" if ratio <= goal else "MISS")
-            row = {"T": T, "pass": kind, "contender": name, **dict( first_s=first[name], warm_s=med[name], ratio=ratio,
-                       bound=b, target=goal, verdict=verdict, tflops=flops / med[name] / 1e12,
-                       gbs=nbytes / med[name] / 1e9, samples_s=times[name])}
-            rows.append(row)
-            peak = (f" {row['tflops'] / PEAK_TFLOPS:>6.1%} {row['gbs'] / 1e3 / PEAK_TBS:>6.1%}"
-                    if device.type == "cuda" else "")
-            print(f"{T:>7} {kind:>7} {name:>23} | {fmt_t(first[name]):>9} {fmt_t(med[name]):>9} {ratio:>6.3f} "
-                  f"{f'{b:.3f}' if c.compressed else '':>6} {'' if goal is None else f'{goal:.3f}':>6} | "
-                  f"{row['tflops']:>8.3g} {row['gbs']:>8.4g}{peak} | {verdict}", flush=True)
+        rows += [row(name, T, kind, first[name], times[name], med, cfgs, dtype, device) for name in fns]
         del h, up, fns
     print("targets: W8/S8 fwd+bwd <= 0.5x full SDPA at T=4096, <= 0.35x at 16384, <= 0.3x at 65536; fwd <= 0.3x at "
           "131072; W8/S4: the same factor of its own bound")

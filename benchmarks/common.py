@@ -20,6 +20,10 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+if os.environ.get("TRITON_INTERPRET") == "1":  # asked for on a CPU: the fused Triton kernels under the interpreter
+    import triton_cpu
+
+    triton_cpu.enable()
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -73,6 +73,13 @@ class Attention(nn.Module):
         v = k if self.v_proj is None else self._heads(self.v_proj(h), self.cfg.n_kv_heads)
         return k, v
 
+    def _entries(self, h: torch.Tensor, shift: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, n_kv, n, D) of the compressor's complete entries of h (B, T, d): in fused kernels on
+        the triton backend, else `Compressor.entries` (the reference)."""
+        if blockwise.backend(h) == "triton":
+            return blockwise.triton_entries(self.compressor, h, self.k_norm, shift)
+        return self.compressor.entries(h, self.k_norm, shift)
+
     def _entry_kv(self, raw: list[torch.Tensor], j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Compressed keys/values (B, n_kv, n, D) of entries j from their pooled branches (the variant's rule)."""
         return self.compressor.entry_kv(raw, j, self.k_norm)
@@ -99,7 +106,7 @@ class Attention(nn.Module):
         k, v = self._exact_kv(h, pos)  # (B, n_kv, T, D)
         if self.compressor is None:
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # the last query sees every key
-        ek, ev = self.compressor.entries(h, self.k_norm, shift)  # (B, n_kv, n, D) each
+        ek, ev = self._entries(h, shift)  # (B, n_kv, n, D) each
         holds = self.compressor.holds_token(ek.shape[2], shift)  # (B, n_kv, n) or None: entries with a token
         a = max(0, h.shape[1] - self.grid.exact_keep)  # oldest exact token the last query may see
         rk, k_t = k[:, :, a:-1], k[:, :, -1:]  # (B, n_kv, T - 1 - a, D): the ring before it; (B, n_kv, 1, D)
@@ -130,7 +137,7 @@ class Attention(nn.Module):
         return blockwise.attend_parts(q, [(cache.k.view(k), cache.v.view(v), mask)])
 
     def _compressed(self, q, k, v, h, pos, shift=None) -> torch.Tensor:
-        ek, ev = self.compressor.entries(h, self.k_norm, shift)  # (B, n_kv, n, D) each
+        ek, ev = self._entries(h, shift)  # (B, n_kv, n, D) each
         holds = self.compressor.holds_token(ek.shape[2], shift)  # (B, n_kv, n) or None: entries with a token
         fast = blockwise.PARALLEL.get(blockwise.backend(q))  # None: the reference
         if fast is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -276,11 +277,54 @@ def triton_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: t
                      v: torch.Tensor, grid: Grid, sinks: torch.Tensor | None = None,
                      holds: torch.Tensor | None = None) -> torch.Tensor:
     """The parallel path in fused Triton kernels (`triton_kernel`): every variant, one kernel per direction."""
+    fused = _fused()[0].triton_attention
+    return guarded("attention", lambda: fused(q, pos, ek, ev, k, v, grid, sinks, holds),
+                   lambda: blockwise_attention(q, pos, ek, ev, k, v, grid, sinks=sinks, holds=holds))
+
+
+def triton_entries(compressor, h: torch.Tensor, k_norm=None, shift: torch.Tensor | None = None):
+    """`compressor.entries(h, k_norm, shift)` in fused Triton kernels (`triton_compressor`): the triton backend's
+    compressor, as `triton_attention` is its attention."""
+    fused = _fused()[1].entries
+    return guarded("compressor", lambda: fused(compressor, h, k_norm, shift),
+                   lambda: compressor.entries(h, k_norm, shift))
+
+
+def triton_decode_update(*args) -> bool:
+    """`triton_compressor.decode_update`: a decode step's merge of its token into the in-flight windows, and the
+    oldest window's entry where the token ends it, in one fused kernel (the triton backend's); False where it
+    cannot run here (the caller's reference runs instead)."""
+    fused = _fused()[1].decode_update
+    return guarded("decode update", lambda: fused(*args) or True, lambda: False)
+
+
+def _fused():
+    """The fused kernels' modules, `triton_kernel` and `triton_compressor`, whose import needs CUDA or Triton's
+    interpreter (an import statement: a compiled layer traces it)."""
     try:
-        from phasekv.attention.triton_kernel import triton_attention as fused
+        from phasekv.attention import triton_compressor, triton_kernel
     except ImportError as e:
         raise ConfigError(f"the triton backend cannot run here: {e}") from e
-    return fused(q, pos, ek, ev, k, v, grid, sinks, holds)
+    return triton_kernel, triton_compressor
+
+
+FAILED: dict[str, str] = {}  # fused kernels that failed on this machine: what -> why (said once on stderr)
+
+
+def guarded(what: str, fused, reference):
+    """fused(), or where its kernels fail on this machine (a Triton that cannot compile them) reference() from then
+    on, the reason said once on stderr, as the fused CPU kernels fall back (`phasekv.kernels`); inside a compiled
+    graph fused() alone."""
+    if what in FAILED:
+        return reference()
+    if torch.compiler.is_compiling():
+        return fused()
+    try:
+        return fused()
+    except Exception as e:
+        FAILED[what] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+        print(f"phasekv: the fused Triton {what} failed here ({FAILED[what]}); running the reference", file=sys.stderr)
+        return reference()
 
 
 # a compressed layer's parallel path (no ring) per fast backend; same arguments, same result

@@ -37,14 +37,19 @@ class Growable:
             self.buf = like.new_empty(like.shape[0], like.shape[1], self.lead + 64, like.shape[-1])
             self.buf[:, :, : self.lead] = 0  # unwritten ring slots are masked; zeros keep their weight-0 values finite
 
-    def append(self, x: torch.Tensor) -> None:  # x (B, n_kv, k, d_head)
-        k = x.shape[2]
-        self.allocate(x)
+    def make_room(self, k: int, like: torch.Tensor) -> None:
+        """Allocate the buffer (values shaped like `like`) or grow it to hold k more slots (doubling)."""
+        self.allocate(like)
         end = self.lead + self.n
         if end + k > self.buf.shape[2]:
             grown = self.buf.new_empty(*self.buf.shape[:2], max(2 * self.buf.shape[2], end + k), self.buf.shape[3])
             grown[:, :, :end] = self.buf[:, :, :end]
             self.buf = grown
+
+    def append(self, x: torch.Tensor) -> None:  # x (B, n_kv, k, d_head)
+        k = x.shape[2]
+        self.make_room(k, x)
+        end = self.lead + self.n
         self.buf[:, :, end : end + k] = x
         self.n += k
 

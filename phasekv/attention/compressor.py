@@ -93,6 +93,10 @@ class CompressorBranch(nn.Module, ABC):
         """Weight matrices that are not inside an nn.Linear (initialised like one, by the model)."""
         return []
 
+    def stored_params(self) -> OffsetParams:
+        """`offset_params` with a payload that every offset shares as stored: one row (what the fused kernels read)."""
+        return self.offset_params()
+
     @property
     def gated(self) -> bool:
         return self.offset_params()[1] is not None
@@ -190,6 +194,9 @@ class OffsetBranch(CompressorBranch):
             bias = self.band.expand(-1, -1, G) if bias is None else bias + self.band  # (W, n_kv, G)
         return payload, self.gate_weight, bias  # a shared payload: one C viewed at every offset
 
+    def stored_params(self) -> OffsetParams:
+        return self.payload, *self.offset_params()[1:]
+
     def cycled_params(self) -> list[nn.Parameter]:
         return [p for p in (self.gate_weight, self.gate_bias) if p is not None]
 
@@ -259,6 +266,7 @@ class Compressor(nn.Module, ABC):
         self.grid, self.rope = grid, rope  # the layer's window grid and RoPE
         self.window, self.stride = grid.window, grid.stride
         self.delays = delays  # per KV head: tokens by which its windows start before the grid (staggered heads)
+        self.register_buffer("delay_table", torch.tensor(delays, dtype=torch.int32), persistent=False)  # on the device
 
     def head_groups(self, shift: torch.Tensor | None = None) -> list[tuple[int | torch.Tensor, slice | None]]:
         """(delay, KV heads) of each group of heads whose windows start equally early: one group of every head
@@ -315,6 +323,8 @@ class Compressor(nn.Module, ABC):
         ends = self.grid.entry_end(torch.arange(n, device=shift.device))  # (n,) last position of each window
         delays = shift[:, None] + torch.tensor(self.delays, device=shift.device)  # (B, n_kv)
         holds = ends >= delays[:, :, None]  # (B, n_kv, n): its last token read from a position >= 0
+        if torch.compiler.is_compiling():
+            return holds  # a captured layer reads no value back to the host
         return None if bool(holds.all()) else holds
 
     def gate_scores(self, h: torch.Tensor, shift: torch.Tensor | None = None) -> list[tuple[str, CompressorBranch,

@@ -134,7 +134,7 @@ def step(attn, h: torch.Tensor, pos: torch.Tensor, cache: FullLayerCache | Compr
         cache.k.append(k[:, :, None])
         cache.v.append(v[:, :, None])
         return read(q, cache.k.whole(), cache.v.whole(), None, None)  # full layers have no sink (as `_full`)
-    if not extend(attn, cache.plan.phases, cache, x, t):  # a grid's first tokens
+    if not extend(attn, cache.plan.phases, cache, x, t, pos):  # a grid's first tokens
         attn._extend_entries(h, pos, cache)
     cache.write_token(k, v, t)
     keys = cache.entries_k.whole()  # (B, n_kv, keep + n, D): the ring, then every entry (all complete by t)
@@ -155,10 +155,12 @@ def project(attn, plan: StepPlan, x: torch.Tensor, t: int | torch.Tensor):
     return qk.narrow(1, 0, H), k, (k if attn.v_proj is None else y.narrow(1, (H + n_kv) * D, n_kv * D).view(B, n_kv, D))
 
 
-def extend(attn, groups: list[tuple[int, PhaseRows]], cache: CompressedLayerCache, x: torch.Tensor, t: int) -> bool:
-    """Feed one token x (B, d) at position t to its in-flight windows in place, storing the entry it completes;
-    a group of staggered heads reads the token `delay` positions back (the cache's history). False (nothing done)
-    for a grid's first tokens, where fewer windows than the phase's hold t or a staggered head has no token yet."""
+def extend(attn, groups: list[tuple[int, PhaseRows]], cache: CompressedLayerCache, x: torch.Tensor, t: int,
+           pos: torch.Tensor) -> bool:
+    """Feed one token x (B, d) at position t (pos: the same, (1,) on the device) to its in-flight windows in place,
+    storing the entry it completes; a group of staggered heads reads the token `delay` positions back (the cache's
+    history). False (nothing done) for a grid's first tokens, where fewer windows than the phase's hold t or a
+    staggered head has no token yet. On the triton backend the merge and the entry are one fused kernel."""
     g, phases = attn.grid, groups[0][1]
     j = cache.n_entries  # oldest window not yet complete
     phi = t - g.entry_start(j) - g.window + g.stride  # the token's offset in window j, less W - S
@@ -169,23 +171,61 @@ def extend(attn, groups: list[tuple[int, PhaseRows]], cache: CompressedLayerCach
     if keep:
         cache.history = torch.cat([cache.history[:, 1:], x[:, None]], 1)
     n, (n_br, k, _, D, G) = phases.slots[phi], phases.shape
-    n_kv = attn.cfg.n_kv_heads
-    state = cache.inflight or InFlight.of(cache.partials, (x.shape[0], n_br, k, n_kv, G, D), x)
-    lse_old, mean = state.lse.narrow(2, 0, n), state.mean.narrow(2, 0, n)  # the token's windows
+    state = cache.inflight or InFlight.of(cache.partials, (x.shape[0], n_br, k, attn.cfg.n_kv_heads, G, D), x)
+    payload, gate = token_windows(xs, [(r.rows[phi], r.bias[phi], r.shape[2]) for _, r in groups], n, phases.shape,
+                                  phases.gated)
+    cache.inflight, state.live = state, n
+    done = phi == g.stride - 1  # the token is window j's last
+    if not (blockwise.backend(x) == "triton" and _fused_merge(attn, cache, state, payload, gate, pos, done)):
+        merge(state, payload, gate)
+        if done:
+            _complete(attn, cache, state, j)
+    return True
+
+
+def token_windows(xs: list[torch.Tensor], rows: list[tuple[torch.Tensor, torch.Tensor, int]], n: int,
+                  shape: tuple[int, ...], gated: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A token's payloads (B, n_br, n, n_kv, D) and gate logits (.., G) (None: uniform averaging) in its n windows:
+    per group of KV heads (staggered heads), the token xs (B, d) as the group reads it through the phase's rows
+    (R, d), biases (R,) and its head count, one matmul each."""
+    n_br, _, _, D, G = shape
     pay, gate = [], []
-    for xg, (_, rows) in zip(xs, groups, strict=True):
-        y = F.linear(xg, rows.rows[phi], rows.bias[phi])  # (B, n_br n n_kv' (D + G')), n_kv' heads of the group
-        P = n_br * n * rows.shape[2] * D
-        pay.append(y.narrow(1, 0, P).view(-1, n_br, n, rows.shape[2], D))
-        gate.append(y.narrow(1, P, y.shape[1] - P).view(-1, n_br, n, rows.shape[2], G))
-    payload = pay[0] if len(pay) == 1 else torch.cat(pay, 3)  # (B, n_br, n, n_kv, D)
-    s = (gate[0] if len(gate) == 1 else torch.cat(gate, 3)) if phases.gated else x.new_zeros(())
+    for x, (w, bias, heads) in zip(xs, rows, strict=True):
+        y = torch.addmm(bias, x, w.T)  # (B, n_br n heads (D + G')), G' = 0 without gates
+        P = n_br * n * heads * D
+        pay.append(y.narrow(1, 0, P).view(-1, n_br, n, heads, D))
+        gate.append(y.narrow(1, P, y.shape[1] - P).view(-1, n_br, n, heads, G))
+    payload = pay[0] if len(pay) == 1 else torch.cat(pay, 3)
+    return payload, ((gate[0] if len(gate) == 1 else torch.cat(gate, 3)) if gated else None)
+
+
+def merge(state: InFlight, payload: torch.Tensor, gate: torch.Tensor | None) -> None:
+    """A token's payloads (B, n_br, n, n_kv, D) and gate logits (.., G) or None into the first n in-flight slots
+    of `state`, in place: log-normaliser and weighted mean, the streaming softmax of `Partial.merge`."""
+    n = payload.shape[2]
+    lse_old, mean = state.lse.narrow(2, 0, n), state.mean.narrow(2, 0, n)  # the token's windows
+    s = payload.new_zeros(()) if gate is None else gate
     lse = torch.logaddexp(lse_old, s)  # (B, n_br, n, n_kv, G)
     mean.lerp_(payload, (s - lse).exp_())  # the token's share of each window's softmax so far (1 in a new one)
     lse_old.copy_(lse)
-    cache.inflight, state.live = state, n
-    if phi == g.stride - 1:  # the token is window j's last
-        _complete(attn, cache, state, j)
+
+
+def _fused_merge(attn, cache: CompressedLayerCache, state: InFlight, payload: torch.Tensor, gate: torch.Tensor | None,
+                 pos: torch.Tensor, done: bool) -> bool:
+    """`merge`, and where `done` `_complete`, as one fused kernel writing the entry in place; False (nothing done)
+    where the kernel cannot run here."""
+    stores = [s for s in (cache.entries_k, cache.entries_v) if s is not None]
+    if done:
+        for store in stores:
+            store.make_room(1, payload[:, 0].transpose(1, 2))  # like (B, n_kv, n, D)
+    if not blockwise.triton_decode_update(attn.compressor, attn.k_norm, state.lse, state.mean, payload, gate,
+                                          payload.shape[2], pos, cache.entries_k.buf,
+                                          getattr(cache.entries_v, "buf", None), cache.entries_k.lead):
+        return False
+    if done:
+        for store in stores:
+            store.n += 1
+        state.live -= 1
     return True
 
 

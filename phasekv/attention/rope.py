@@ -19,16 +19,27 @@ LAYOUTS = ("leading", "trailing")
 STEP_BLOCK = 1024  # positions per table of `Rope.at` (a decode step's RoPE)
 
 
+def inv_freq(rot_dims: int, theta: float, device: torch.device) -> torch.Tensor:
+    """theta^(-2i/r), i < r/2: computed once per (r, theta, device), not at every decode step (inside a compiled
+    graph, computed in it)."""
+    if torch.compiler.is_compiling():
+        return _frequencies(rot_dims, theta, device)
+    return _cached_inv_freq(rot_dims, theta, device)
+
+
+def _frequencies(rot_dims: int, theta: float, device: torch.device) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, rot_dims, 2, dtype=torch.float32, device=device) / rot_dims))
+
+
 @functools.lru_cache(maxsize=64)
-def _inv_freq(rot_dims: int, theta: float, device: torch.device) -> torch.Tensor:
-    """theta^(-2i/r), i < r/2: computed once per (r, theta, device), not at every decode step."""
+def _cached_inv_freq(rot_dims: int, theta: float, device: torch.device) -> torch.Tensor:
     with torch.inference_mode(False), torch.no_grad():  # a plain tensor even if first asked for in inference mode
-        return 1.0 / (theta ** (torch.arange(0, rot_dims, 2, dtype=torch.float32, device=device) / rot_dims))
+        return _frequencies(rot_dims, theta, device)
 
 
 def rope_angles(pos: torch.Tensor, rot_dims: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (..., rot_dims / 2), one angle per rotated pair, for integer positions `pos` (...)."""
-    ang = pos.to(torch.float32)[..., None] * _inv_freq(rot_dims, theta, pos.device)  # (..., rot_dims/2)
+    ang = pos.to(torch.float32)[..., None] * inv_freq(rot_dims, theta, pos.device)  # (..., rot_dims/2)
     return ang.cos(), ang.sin()
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from phasekv.attention import decode
+from phasekv.attention import blockwise, decode
 from phasekv.attention.cache import CompressedLayerCache, FullLayerCache, InFlight
 from phasekv.attention.compressor import Partial
 from phasekv.errors import ConfigError
@@ -126,7 +126,8 @@ class StaticCompressed:
         return decode.read(q, keys, values, self.hidden, attn.sinks)
 
     def _extend(self, attn, x: torch.Tensor, t: torch.Tensor) -> None:
-        """`decode.extend` of token x (B, d) at t: merge it into its W/S windows, write the oldest's entry."""
+        """`decode.extend` of token x (B, d) at t: merge it into its W/S windows, write the oldest's entry (on the
+        triton backend one fused kernel, which completes the oldest window where t is its last)."""
         g, cache, state = self.grid, self.cache, self.cache.inflight
         if self.phase is None:
             phi = (t - g.offset) % g.stride  # (1,)
@@ -135,20 +136,17 @@ class StaticCompressed:
             rows = [(w[self.phase], b[self.phase]) for w, b in self.rows]
         groups = attn.compressor.head_groups()
         xs = [x if d == 0 else cache.history[:, self.delay - d] for d, _ in groups]  # (B, d) each: views
-        n_br, n, _, D, G = cache.plan.phases[0][1].shape
-        pay, gate = [], []
-        for xg, (w, bias), (_, phases) in zip(xs, rows, cache.plan.phases, strict=True):
-            y = torch.addmm(bias, xg, w.T)  # (B, n_br n n_kv' (D + G'))
-            P = n_br * n * phases.shape[2] * D
-            pay.append(y.narrow(1, 0, P).view(-1, n_br, n, phases.shape[2], D))
-            gate.append(y.narrow(1, P, y.shape[1] - P).view(-1, n_br, n, phases.shape[2], G))
+        k = state.lse.shape[2]
+        payload, gate = decode.token_windows(xs, [(w, b, p.shape[2]) for (w, b), (_, p) in zip(rows, cache.plan.phases,
+                                                                                             strict=True)],
+                                             k, cache.plan.phases[0][1].shape, cache.plan.phases[0][1].gated)
         if self.delay:  # after the views above are read
             cache.history.copy_(torch.cat([cache.history[:, 1:], x[:, None]], 1))
-        payload = torch.cat(pay, 3)  # (B, n_br, n, n_kv, D)
-        s = torch.cat(gate, 3) if cache.plan.phases[0][1].gated else x.new_zeros(())
-        lse = torch.logaddexp(state.lse, s)  # (B, n_br, n, n_kv, G)
-        state.mean.lerp_(payload, (s - lse).exp_())
-        state.lse.copy_(lse)
+        if blockwise.backend(x) == "triton" and blockwise.triton_decode_update(
+                attn.compressor, attn.k_norm, state.lse, state.mean, payload, gate, k, t, cache.entries_k.buf,
+                getattr(cache.entries_v, "buf", None), self.keep):
+            return
+        decode.merge(state, payload, gate)
         if self.phase is None:
             self._complete(attn, t, phi == g.stride - 1)
         elif self.phase == g.stride - 1:

@@ -10,29 +10,30 @@ per (query head, key block, chunk of queries), run over the entry blocks (the co
 first that sees them to the end, cut into chunks where few blocks would leave the GPU idle) and over the
 exact-token blocks (a band of at most `exact_keep` queries); heads and chunks meet by fp32 atomic adds. The
 first position is read on the device (no host sync), the longest tiles launch first, and the tiles are
-autotuned per power-of-2 bucket of T.
+autotuned per (power-of-2 bucket of T, head dim).
 
 Covers every variant of the parallel path: any grid (staggered offsets, the V4 leading partial window, the
 uncompressed tail), GQA, tied K/V, attention sinks (a logit in every softmax, value 0: the online softmax
 starts from it) and `holds` (entries without a token masked per sequence and KV head). Not the ring of a
-cached prompt: that stays on `blockwise_attention` (the layer never sends it here).
+cached prompt: that stays on `blockwise_attention` (the layer never sends it here). Both directions are
+custom operators (`phasekv::joint_attention`), so that `torch.compile(fullgraph=True)` captures a layer that
+calls them.
 
-On a machine without CUDA the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set here before
-triton is imported when no GPU is present): slow, for the equality tests only.
+Without CUDA the kernels run only under Triton's interpreter, which Triton's own switch selects:
+TRITON_INTERPRET=1 in the environment before triton is first imported (slow: for equality checks; the tests
+set it, `benchmarks/triton_cpu.py` is the switch for scripts).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 import torch
 
-if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    if "triton" in sys.modules:  # triton's own helpers (tl.zeros, ...) were made for a GPU when it was imported
-        raise ImportError("without CUDA the triton kernels run under Triton's interpreter: set TRITON_INTERPRET=1 "
-                          "before triton is first imported")
-    os.environ["TRITON_INTERPRET"] = "1"  # read when a kernel is decorated: must precede the triton import
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+if not INTERPRET and not torch.cuda.is_available():
+    raise ImportError("the triton kernels need CUDA, or Triton's interpreter (TRITON_INTERPRET=1 in the "
+                      "environment before triton is first imported)")
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -41,35 +42,17 @@ from phasekv.attention.positions import Grid  # noqa: E402
 
 LOG2E = 1.4426950408889634
 
-
-def _interpreter_index_fix() -> None:
-    """Triton 3.6's interpreter holds a scalar as a 1-element array and turns it into a loop bound with `int()`,
-    which numpy >= 2.4 refuses ("only 0-dimensional arrays"): read the element instead."""
-    from triton.runtime import interpreter
-
-    patch = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope) -> None:
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-
-
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-if INTERPRET:
-    _interpreter_index_fix()
-
-# Tiles (queries, keys, warps, pipeline stages), the fastest per (power-of-2 bucket of T, dtypes) picked on a
-# kernel's first call there (triton.autotune, ~0.3 s a kernel): head dims of 32-128 and the bands' short key
+# Tiles (queries, keys, warps, pipeline stages), the fastest per (power-of-2 bucket of T, head dim, dtypes) picked
+# on a kernel's first call there (triton.autotune, ~0.3 s a kernel): head dims of 32-128 and the bands' short key
 # runs favour different tiles; the bucket spares evaluation runs of many lengths a tuning per length. Under the
 # interpreter one 32 x 32 tile: slow per program, so few programs, and T of 64-200 still spans several tiles.
 Q_TILES = ((64, 64, 4, 2), (128, 64, 4, 3))  # forward and dq; two each: every tile compiles (~1 s) once a machine
 KV_TILES = ((64, 64, 4, 2), (128, 64, 8, 3))  # key/value gradients
 CHUNK_ALIGN = 32 if INTERPRET else 128  # the entry-gradient kernel's query chunks: whole tiles of any size
-
-
 TUNE = os.environ.get("PHASEKV_TRITON_TUNE", "1") != "0"  # 0: the first tiles only (equality checks: no tuning)
+# the optional inputs (`triton.heuristics`): a kernel given None for HOLDS (every entry holds a token) or SINKS
+# compiles without them
+HOLDS_GIVEN = {"HAS_HOLDS": lambda a: a["HOLDS"] is not None}
 
 
 def _configs(tiles: tuple[tuple[int, int, int, int], ...]) -> list:
@@ -77,8 +60,6 @@ def _configs(tiles: tuple[tuple[int, int, int, int], ...]) -> list:
         return [triton.Config({"BM": 32, "BN": 32}, num_warps=1)]
     tiles = tiles if TUNE else tiles[:1]
     return [triton.Config({"BM": m, "BN": n}, num_warps=w, num_stages=st) for m, n, w, st in tiles]
-
-
 # ---- the visibility rule, in kernel form (positions.Grid states it; tests hold the two equal) ----
 @triton.jit
 def _n_visible(t, S, END0):
@@ -114,11 +95,12 @@ def _exact_lo(t, t0, S, END0, LOCAL, TAIL: tl.constexpr):
 
 # ---- forward ----
 @triton.jit
-def _key_tile(kp, vp, hp, s_kn, start, hi, t, t0, ENTRY: tl.constexpr, MASK: tl.constexpr,
+def _key_tile(kp, vp, HOLDS, hrow, s_kn, start, hi, t, t0, ENTRY: tl.constexpr, MASK: tl.constexpr,
               HAS_HOLDS: tl.constexpr, S, END0, LOCAL, TAIL: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
               D: tl.constexpr):
     """The BN keys and values from `start` (k, v at kp, vp; none at or past hi), and which (query at t, key)
-    pairs count: the key exists and, with MASK, the query sees it and, with HAS_HOLDS, the entry holds a window."""
+    pairs count: the key exists and, with MASK, the query sees it and, with HAS_HOLDS, the entry holds a window
+    (HOLDS + hrow: this sequence and KV head's row)."""
     offs_n = start + tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     ok = offs_n < hi
@@ -129,20 +111,20 @@ def _key_tile(kp, vp, hp, s_kn, start, hi, t, t0, ENTRY: tl.constexpr, MASK: tl.
     if MASK:
         keep = keep & _sees(t[:, None], offs_n[None, :], t0, ENTRY, S, END0, LOCAL, TAIL)
     if HAS_HOLDS:
-        keep = keep & (tl.load(hp + offs_n, mask=ok, other=0) != 0)[None, :]
+        keep = keep & (tl.load(HOLDS + hrow + offs_n, mask=ok, other=0) != 0)[None, :]
     return k, v, keep
 
 
 @triton.jit
-def _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kn, lo, hi, t0, qk_scale,
+def _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, HOLDS, hrow, s_kn, lo, hi, t0, qk_scale,
                ENTRY: tl.constexpr, MASK: tl.constexpr, HAS_HOLDS: tl.constexpr, S,
                END0, LOCAL, TAIL: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
                PREC: tl.constexpr):
     """Online softmax of queries q (BM, BD) at t (BM,) over keys lo..hi-1 (k, v at kp, vp). MASK False: every
     query sees every one of them and lo..hi-1 are whole tiles, so no score is masked (unless by `holds`)."""
     for start in range(lo, hi, BN):
-        k, v, keep = _key_tile(kp, vp, hp, s_kn, start, hi, t, t0, ENTRY, MASK, HAS_HOLDS, S, END0, LOCAL, TAIL,
-                               BN, BD, D)
+        k, v, keep = _key_tile(kp, vp, HOLDS, hrow, s_kn, start, hi, t, t0, ENTRY, MASK, HAS_HOLDS, S, END0, LOCAL,
+                               TAIL, BN, BD, D)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # (BM, BN), log2 units
         if MASK or HAS_HOLDS:
             s = tl.where(keep, s, float("-inf"))
@@ -155,58 +137,69 @@ def _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kn, lo, hi, t0, qk_scale,
     return acc, m_i, l_i
 
 
-@triton.autotune(_configs(Q_TILES), key=["T_BUCKET"])
+@triton.jit
+def _query_block(Q, POS, T, n, s_qb, s_qh, s_qt, s_eb, s_eh, s_kb, s_kh, H: tl.constexpr, G: tl.constexpr, S, END0,
+                 LOCAL, TAIL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr):
+    """The forward and dq kernels' prologue: this program's (sequence x query head) bh and query block, its
+    queries q (BM, BD) at positions t, the offsets of its KV head's entries and exact tokens, and the ranges its
+    queries see: entries 0..n_all-1 (whole tiles) by every one, n_all..n_hi-1 by some, exact tokens lo..x_hi-1
+    (indices from the first position t0, read on the device: the host never waits for it)."""
+    bh, pid_m = tl.program_id(0), tl.num_programs(1) - 1 - tl.program_id(1)  # every head's longest tiles first
+    b, h = bh // H, bh % H
+    kvh = h // G
+    t0 = tl.load(POS).to(tl.int32)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, BD)
+    rows = (offs_m[:, None] < T) & (offs_d[None, :] < D)
+    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=rows, other=0.0)
+    t_first, t_last = t0 + pid_m * BM, t0 + tl.minimum(pid_m * BM + BM, T) - 1
+    n_all = tl.minimum(_n_visible(t_first, S, END0), n) // BN * BN
+    n_hi = tl.minimum(_n_visible(t_last, S, END0), n)
+    lo = _exact_lo(t_first, t0, S, END0, LOCAL, TAIL)
+    hrow = (b * (H // G) + kvh) * n  # `holds` row of the sequence and KV head
+    return (bh, offs_m, rows, q, t0, t0 + offs_m, b * s_eb + kvh * s_eh, b * s_kb + kvh * s_kh, hrow, n_all, n_hi,
+            lo, t_last - t0 + 1)
+
+
+@triton.autotune(_configs(Q_TILES), key=["T_BUCKET", "D"])
+@triton.heuristics({**HOLDS_GIVEN, "HAS_SINKS": lambda a: a["SINKS"] is not None})
 @triton.jit
 def _fwd_kernel(Q, EK, EV, K, V, OUT, LSE, HOLDS, SINKS, POS, qk_scale, T, n, T_BUCKET,
                 s_qb, s_qh, s_qt, s_eb, s_eh, s_en, s_kb, s_kh, s_kt, s_ob, s_oh, s_ot,
                 H: tl.constexpr, G: tl.constexpr, S, END0, LOCAL, TAIL: tl.constexpr,
                 HAS_HOLDS: tl.constexpr, HAS_SINKS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 BD: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
-    bh, pid_m = tl.program_id(0), tl.num_programs(1) - 1 - tl.program_id(1)  # every head's longest tiles first
-    b, h = bh // H, bh % H
-    kvh = h // G
-    t0 = tl.load(POS).to(tl.int32)  # the first query's position, read here: the host never waits for it
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    offs_d = tl.arange(0, BD)
-    rows = (offs_m[:, None] < T) & (offs_d[None, :] < D)
-    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=rows, other=0.0)
-    t = t0 + offs_m  # (BM,) query positions
-    t_first, t_last = t0 + pid_m * BM, t0 + tl.minimum(pid_m * BM + BM, T) - 1
+    bh, offs_m, rows, q, t0, t, e_off, x_off, hrow, n_all, n_hi, lo, x_hi = _query_block(
+        Q, POS, T, n, s_qb, s_qh, s_qt, s_eb, s_eh, s_kb, s_kh, H, G, S, END0, LOCAL, TAIL, BM, BN, BD, D)
     if HAS_SINKS:  # the sink's logit starts every softmax: exp(sink - m) with m = sink
-        m_i = tl.zeros([BM], tl.float32) + tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634
+        m_i = tl.zeros([BM], tl.float32) + tl.load(SINKS + bh % H).to(tl.float32) * 1.4426950408889634
         l_i = tl.zeros([BM], tl.float32) + 1.0
     else:
         m_i = tl.zeros([BM], tl.float32) - 1.0e30  # finite: a fully masked tile leaves the state unchanged
         l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BD], tl.float32)
-    ep, evp = EK + b * s_eb + kvh * s_eh, EV + b * s_eb + kvh * s_eh
-    hp = HOLDS + (b * (H // G) + kvh) * n
-    n_all = tl.minimum(_n_visible(t_first, S, END0), n) // BN * BN  # whole tiles every query of the block sees
-    n_hi = tl.minimum(_n_visible(t_last, S, END0), n)
-    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, ep, evp, hp, s_en, 0, n_all, t0, qk_scale, True, False,
-                               HAS_HOLDS, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
-    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, ep, evp, hp, s_en, n_all, n_hi, t0, qk_scale, True, True,
-                               HAS_HOLDS, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
-    kp, vp = K + b * s_kb + kvh * s_kh, V + b * s_kb + kvh * s_kh
-    lo = _exact_lo(t_first, t0, S, END0, LOCAL, TAIL)
-    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, kp, vp, hp, s_kt, lo, t_last - t0 + 1, t0, qk_scale, False,
-                               True, False, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, EK + e_off, EV + e_off, HOLDS, hrow, s_en, 0, n_all, t0,
+                               qk_scale, True, False, HAS_HOLDS, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, EK + e_off, EV + e_off, HOLDS, hrow, s_en, n_all, n_hi, t0,
+                               qk_scale, True, True, HAS_HOLDS, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
+    acc, m_i, l_i = _fwd_tiles(acc, m_i, l_i, q, t, K + x_off, V + x_off, HOLDS, hrow, s_kt, lo, x_hi, t0, qk_scale,
+                               False, True, False, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
     l_i = tl.where(offs_m < T, l_i, 1.0)  # rows past the end saw no key (never stored)
     acc = acc / l_i[:, None]
-    tl.store(OUT + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], acc.to(OUT.dtype.element_ty),
-             mask=rows)
+    out = OUT + bh // H * s_ob + bh % H * s_oh + offs_m[:, None] * s_ot + tl.arange(0, BD)[None, :]
+    tl.store(out, acc.to(OUT.dtype.element_ty), mask=rows)
     tl.store(LSE + bh * T + offs_m, m_i + tl.log2(l_i), mask=offs_m < T)
 
 
 # ---- backward ----
 @triton.jit
-def _dq_tiles(dq, q, do, lse, delta, t, kp, vp, hp, s_kn, lo, hi, t0, qk_scale,
+def _dq_tiles(dq, q, do, lse, delta, t, kp, vp, HOLDS, hrow, s_kn, lo, hi, t0, qk_scale,
               ENTRY: tl.constexpr, MASK: tl.constexpr, HAS_HOLDS: tl.constexpr, S,
               END0, LOCAL, TAIL: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
               PREC: tl.constexpr):
     for start in range(lo, hi, BN):
-        k, v, keep = _key_tile(kp, vp, hp, s_kn, start, hi, t, t0, ENTRY, MASK, HAS_HOLDS, S, END0, LOCAL, TAIL,
-                               BN, BD, D)
+        k, v, keep = _key_tile(kp, vp, HOLDS, hrow, s_kn, start, hi, t, t0, ENTRY, MASK, HAS_HOLDS, S, END0, LOCAL,
+                               TAIL, BN, BD, D)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         p = tl.exp2(s - lse[:, None])  # (BM, BN)
         if MASK or HAS_HOLDS:
@@ -217,41 +210,29 @@ def _dq_tiles(dq, q, do, lse, delta, t, kp, vp, hp, s_kn, lo, hi, t0, qk_scale,
     return dq
 
 
-@triton.autotune(_configs(Q_TILES), key=["T_BUCKET"])
+@triton.autotune(_configs(Q_TILES), key=["T_BUCKET", "D"])
+@triton.heuristics(HOLDS_GIVEN)
 @triton.jit
 def _dq_kernel(Q, EK, EV, K, V, OUT, DO, DQ, LSE, DELTA, HOLDS, POS, qk_scale, sm_scale, T, n, T_BUCKET,
                s_qb, s_qh, s_qt, s_eb, s_eh, s_en, s_kb, s_kh, s_kt, s_ob, s_oh, s_ot, s_db, s_dh, s_dt,
                H: tl.constexpr, G: tl.constexpr, S, END0, LOCAL, TAIL: tl.constexpr,
                HAS_HOLDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
                PREC: tl.constexpr):
-    bh, pid_m = tl.program_id(0), tl.num_programs(1) - 1 - tl.program_id(1)  # every head's longest tiles first
-    b, h = bh // H, bh % H
-    kvh = h // G
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    offs_d = tl.arange(0, BD)
-    rows = (offs_m[:, None] < T) & (offs_d[None, :] < D)
-    t0 = tl.load(POS).to(tl.int32)
-    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :], mask=rows, other=0.0)
+    bh, offs_m, rows, q, t0, t, e_off, x_off, hrow, n_all, n_hi, lo, x_hi = _query_block(
+        Q, POS, T, n, s_qb, s_qh, s_qt, s_eb, s_eh, s_kb, s_kh, H, G, S, END0, LOCAL, TAIL, BM, BN, BD, D)
+    b, h, offs_d = bh // H, bh % H, tl.arange(0, BD)
     do = tl.load(DO + b * s_db + h * s_dh + offs_m[:, None] * s_dt + offs_d[None, :], mask=rows, other=0.0)
     o = tl.load(OUT + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_d[None, :], mask=rows, other=0.0)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)  # (BM,) rowsum(dO * O), kept for the dkv kernels
     tl.store(DELTA + bh * T + offs_m, delta, mask=offs_m < T)
     lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=0.0)
-    t = t0 + offs_m
-    t_first, t_last = t0 + pid_m * BM, t0 + tl.minimum(pid_m * BM + BM, T) - 1
     dq = tl.zeros([BM, BD], tl.float32)
-    ep, evp = EK + b * s_eb + kvh * s_eh, EV + b * s_eb + kvh * s_eh
-    hp = HOLDS + (b * (H // G) + kvh) * n
-    n_all = tl.minimum(_n_visible(t_first, S, END0), n) // BN * BN
-    n_hi = tl.minimum(_n_visible(t_last, S, END0), n)
-    dq = _dq_tiles(dq, q, do, lse, delta, t, ep, evp, hp, s_en, 0, n_all, t0, qk_scale, True, False, HAS_HOLDS,
-                   S, END0, LOCAL, TAIL, BN, BD, D, PREC)
-    dq = _dq_tiles(dq, q, do, lse, delta, t, ep, evp, hp, s_en, n_all, n_hi, t0, qk_scale, True, True, HAS_HOLDS,
-                   S, END0, LOCAL, TAIL, BN, BD, D, PREC)
-    kp, vp = K + b * s_kb + kvh * s_kh, V + b * s_kb + kvh * s_kh
-    lo = _exact_lo(t_first, t0, S, END0, LOCAL, TAIL)
-    dq = _dq_tiles(dq, q, do, lse, delta, t, kp, vp, hp, s_kt, lo, t_last - t0 + 1, t0, qk_scale, False, True,
-                   False, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
+    dq = _dq_tiles(dq, q, do, lse, delta, t, EK + e_off, EV + e_off, HOLDS, hrow, s_en, 0, n_all, t0, qk_scale, True,
+                   False, HAS_HOLDS, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
+    dq = _dq_tiles(dq, q, do, lse, delta, t, EK + e_off, EV + e_off, HOLDS, hrow, s_en, n_all, n_hi, t0, qk_scale,
+                   True, True, HAS_HOLDS, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
+    dq = _dq_tiles(dq, q, do, lse, delta, t, K + x_off, V + x_off, HOLDS, hrow, s_kt, lo, x_hi, t0, qk_scale, False,
+                   True, False, S, END0, LOCAL, TAIL, BN, BD, D, PREC)
     tl.store(DQ + bh * T * D + offs_m[:, None] * D + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty),
              mask=rows)
 
@@ -285,7 +266,8 @@ def _dkv_tiles(dk, dv, k, v, keep_n, offs_n, qp, dop, lp, dlp, s_qt, s_ot, lo, h
     return dk, dv
 
 
-@triton.autotune(_configs(KV_TILES), key=["T_BUCKET", "ENTRY"], reset_to_zero=["DK", "DV"])  # zeroed per trial
+@triton.autotune(_configs(KV_TILES), key=["T_BUCKET", "D", "ENTRY"], reset_to_zero=["DK", "DV"])  # zeroed per trial
+@triton.heuristics(HOLDS_GIVEN)
 @triton.jit
 def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, POS, qk_scale, sm_scale, T, N, n, T_BUCKET, KEEP, CHUNK,
                 s_qb, s_qh, s_qt, s_xb, s_xh, s_xn, s_ob, s_oh, s_ot,
@@ -330,12 +312,12 @@ def _dkv_kernel(Q, KX, VX, DO, DK, DV, LSE, DELTA, HOLDS, POS, qk_scale, sm_scal
         tl.atomic_add(DV + out, dv, mask=cols)
 
 
-# ---- the autograd Function and the entry point ----
-def _statics(q: torch.Tensor, k: torch.Tensor, grid: Grid) -> dict:
+# ---- the operators and the entry point ----
+def _statics(q: torch.Tensor, k: torch.Tensor, stride: int, end0: int, local: int) -> dict:
+    """The kernels' compile-time and grid arguments; local 0: the uncompressed tail."""
     D = q.shape[-1]
-    return dict(H=q.shape[1], G=q.shape[1] // k.shape[1], S=grid.stride, END0=grid.offset + grid.window - 1,
-                LOCAL=grid.local_window or 0, TAIL=grid.local_window is None, BD=max(16, triton.next_power_of_2(D)),
-                D=D,
+    return dict(H=q.shape[1], G=q.shape[1] // k.shape[1], S=stride, END0=end0, LOCAL=local, TAIL=local == 0,
+                BD=max(16, triton.next_power_of_2(D)), D=D,
                 PREC="ieee" if q.dtype == torch.float32 else "tf32")  # fp32 means fp32 (bf16/fp16 ignore it)
 
 
@@ -367,57 +349,94 @@ def _pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return a, a if b is a else b.contiguous()
 
 
-class JointAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, ek, ev, k, v, sinks, holds, grid: Grid, pos):
-        q = q if q.stride(-1) == 1 else q.contiguous()
-        ek, ev = _pair(ek, ev)
-        k, v = _pair(k, v)
-        B, H, T, D = q.shape
-        n = ek.shape[2]
-        st = _statics(q, k, grid)
-        o = q.new_empty(B, T, H, D).transpose(1, 2)  # (B, H, T, D) in (B, T, H, D) memory: o_proj reads it in place
-        lse = q.new_empty(B, H, T, dtype=torch.float32)  # each softmax's log-sum-exp, in log2 units
-        holds8 = holds.to(torch.int8).contiguous() if holds is not None else q.new_empty(1, dtype=torch.int8)
-        sink32 = sinks.float().contiguous() if sinks is not None else q.new_empty(1, dtype=torch.float32)
-        qk_scale = D**-0.5 * LOG2E
-        _fwd_kernel[lambda meta: (B * H, triton.cdiv(T, meta["BM"]))](
-            q, ek, ev, k, v, o, lse, holds8, sink32, pos, qk_scale, T, n, _bucket(T), *_strides(q), *_strides(ek),
-            *_strides(k), *_strides(o), HAS_HOLDS=holds is not None, HAS_SINKS=sinks is not None, **st)
-        ctx.save_for_backward(q, ek, ev, k, v, o, lse, holds8, sink32, pos)
-        ctx.grid, ctx.has, ctx.sink_dtype = grid, (holds is not None, sinks is not None), getattr(sinks, "dtype", None)
-        return o
+def _int8(holds: torch.Tensor | None) -> torch.Tensor | None:
+    return None if holds is None else holds.to(torch.int8).contiguous()
 
-    @staticmethod
-    def backward(ctx, do):
-        q, ek, ev, k, v, o, lse, holds8, sink32, pos = ctx.saved_tensors
-        grid, (has_holds, has_sinks) = ctx.grid, ctx.has
-        B, H, T, D = q.shape
-        n_kv, n = k.shape[1], ek.shape[2]
-        st = _statics(q, k, grid)
-        do = do if do.stride(-1) == 1 else do.contiguous()
-        sm_scale = D**-0.5
-        qk_scale = sm_scale * LOG2E
-        dq = torch.empty(B, H, T, D, dtype=q.dtype, device=q.device)
-        delta = torch.empty(B, H, T, dtype=torch.float32, device=q.device)  # rowsum(dO * O): the dq kernel writes it
-        _dq_kernel[lambda meta: (B * H, triton.cdiv(T, meta["BM"]))](
-            q, ek, ev, k, v, o, do, dq, lse, delta, holds8, pos, qk_scale, sm_scale, T, n, _bucket(T), *_strides(q),
-            *_strides(ek), *_strides(k), *_strides(o), *_strides(do), HAS_HOLDS=has_holds, **st)
-        sizes = [B * n_kv * n * D, B * n_kv * T * D]
-        acc = torch.zeros(2, sum(sizes), dtype=torch.float32, device=q.device)  # key, value grads: [entries | exact]
-        for (entry, kx, vx, N), part in zip(((True, ek, ev, n), (False, k, v, T)), acc.split(sizes, 1), strict=True):
-            if N:
-                chunk = _query_chunk(T, N * B * H) if entry else T
-                _dkv_kernel[lambda meta, N=N, chunk=chunk: (B * H, triton.cdiv(N, meta["BN"]), triton.cdiv(T, chunk))](
-                    q, kx, vx, do, part[0], part[1], lse, delta, holds8, pos, qk_scale, sm_scale, T, N, n,
-                    _bucket(T), grid.exact_keep, chunk, *_strides(q), *_strides(kx), *_strides(do), ENTRY=entry,
-                    HAS_HOLDS=has_holds and entry, **st)
-        (dek, dev), (dk, dv) = ((g.view(2, B, n_kv, -1, D)).unbind(0) for g in acc.to(k.dtype).split(sizes, 1))
-        dsinks = None
-        if has_sinks:  # d sink_h = -sum_{b,t} p_sink delta: the sink's share of each softmax, times -rowsum(dO O)
-            p_sink = torch.exp2(sink32.view(1, H, 1) * LOG2E - lse)  # (B, H, T)
-            dsinks = -(p_sink * delta).sum((0, 2)).to(ctx.sink_dtype)
-        return dq, dek, dev, dk, dv, dsinks, None, None, None
+
+@torch.library.custom_op("phasekv::joint_attention", mutates_args=())
+def joint_attention(q: torch.Tensor, ek: torch.Tensor, ev: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    pos: torch.Tensor, sinks: torch.Tensor | None, holds: torch.Tensor | None, stride: int, end0: int,
+                    local: int, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward: o (B, H, T, D) in (B, T, H, D) memory and each softmax's log-sum-exp (B, H, T), log2 units."""
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    ek, ev = _pair(ek, ev)
+    k, v = _pair(k, v)
+    B, H, T, D = q.shape
+    o, lse = _joint_attention_fake(q, ek, ev, k, v, pos, sinks, holds, stride, end0, local, keep)
+    sinks = None if sinks is None else sinks.float().contiguous()
+    _fwd_kernel[lambda meta: (B * H, triton.cdiv(T, meta["BM"]))](
+        q, ek, ev, k, v, o, lse, _int8(holds), sinks, pos, D**-0.5 * LOG2E, T, ek.shape[2], _bucket(T),
+        *_strides(q), *_strides(ek), *_strides(k), *_strides(o), **_statics(q, k, stride, end0, local))
+    return o, lse
+
+
+@joint_attention.register_fake
+def _joint_attention_fake(q, ek, ev, k, v, pos, sinks, holds, stride, end0, local, keep):
+    B, H, T, D = q.shape
+    o = q.new_empty(B, T, H, D).transpose(1, 2)  # (B, H, T, D) in (B, T, H, D) memory: o_proj reads it in place
+    return o, q.new_empty(B, H, T, dtype=torch.float32)
+
+
+@torch.library.custom_op("phasekv::joint_attention_backward", mutates_args=())
+def joint_attention_backward(do: torch.Tensor, q: torch.Tensor, ek: torch.Tensor, ev: torch.Tensor, k: torch.Tensor,
+                             v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, pos: torch.Tensor,
+                             holds: torch.Tensor | None, stride: int, end0: int, local: int,
+                             keep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq (B, H, T, D); the key and value gradients, fp32 (2, B n_kv (n + T) D): [entries | exact tokens] each;
+    rowsum(dO O) (B, H, T)."""
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    ek, ev = _pair(ek, ev)
+    k, v = _pair(k, v)
+    do = do if do.stride(-1) == 1 else do.contiguous()
+    B, H, T, D = q.shape
+    n, st = ek.shape[2], _statics(q, k, stride, end0, local)
+    sm_scale = D**-0.5
+    dq, acc, delta = _joint_attention_backward_fake(do, q, ek, ev, k, v, o, lse, pos, holds, stride, end0, local, keep)
+    holds = _int8(holds)
+    _dq_kernel[lambda meta: (B * H, triton.cdiv(T, meta["BM"]))](
+        q, ek, ev, k, v, o, do, dq, lse, delta, holds, pos, sm_scale * LOG2E, sm_scale, T, n, _bucket(T),
+        *_strides(q), *_strides(ek), *_strides(k), *_strides(o), *_strides(do), **st)
+    acc.zero_()
+    sizes = [B * k.shape[1] * n * D, B * k.shape[1] * T * D]
+    for (entry, kx, vx), part in zip(((True, ek, ev), (False, k, v)), acc.split(sizes, 1), strict=True):
+        N = kx.shape[2]
+        if N:
+            chunk = _query_chunk(T, N * B * H) if entry else T
+            _dkv_kernel[lambda meta, N=N, chunk=chunk: (B * H, triton.cdiv(N, meta["BN"]), triton.cdiv(T, chunk))](
+                q, kx, vx, do, part[0], part[1], lse, delta, holds if entry else None, pos, sm_scale * LOG2E, sm_scale,
+                T, N, n, _bucket(T), keep, chunk, *_strides(q), *_strides(kx), *_strides(do), ENTRY=entry, **st)
+    return dq, acc, delta
+
+
+@joint_attention_backward.register_fake
+def _joint_attention_backward_fake(do, q, ek, ev, k, v, o, lse, pos, holds, stride, end0, local, keep):
+    B, H, T, D = q.shape
+    n_kv, n = k.shape[1], ek.shape[2]
+    acc = q.new_empty(2, B * n_kv * (n + T) * D, dtype=torch.float32)
+    return q.new_empty(B, H, T, D), acc, q.new_empty(B, H, T, dtype=torch.float32)
+
+
+def _setup(ctx, inputs, output) -> None:
+    q, ek, ev, k, v, pos, sinks, holds, *grid = inputs
+    ctx.save_for_backward(q, ek, ev, k, v, *output, pos, sinks, holds)
+    ctx.grid = grid
+    ctx.set_materialize_grads(False)  # the log-sum-exp's gradient is None, not a tensor of zeros
+
+
+def _backward(ctx, do, _):
+    q, ek, ev, k, v, o, lse, pos, sinks, holds = ctx.saved_tensors
+    dq, acc, delta = joint_attention_backward(do, q, ek, ev, k, v, o, lse, pos, holds, *ctx.grid)
+    B, n_kv, n, D = ek.shape
+    sizes = [B * n_kv * n * D, B * n_kv * k.shape[2] * D]
+    (dek, dev), (dk, dv) = (g.view(2, B, n_kv, -1, D).unbind(0) for g in acc.to(k.dtype).split(sizes, 1))
+    dsinks = None
+    if sinks is not None:  # d sink_h = -sum_{b,t} p_sink delta: the sink's share of each softmax, times -rowsum(dO O)
+        p_sink = torch.exp2(sinks.float().view(1, -1, 1) * LOG2E - lse)  # (B, H, T)
+        dsinks = -(p_sink * delta).sum((0, 2)).to(sinks.dtype)
+    return dq, dek, dev, dk, dv, None, dsinks, None, None, None, None, None
+
+
+joint_attention.register_autograd(_backward, setup_context=_setup)
 
 
 def triton_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: torch.Tensor, k: torch.Tensor,
@@ -426,4 +445,5 @@ def triton_attention(q: torch.Tensor, pos: torch.Tensor, ek: torch.Tensor, ev: t
     """The parallel path in fused kernels; the contract of `blockwise.blockwise_attention` without a ring: q
     (B, H, T, D) at contiguous positions pos (T,), entries ek, ev (B, n_kv, n, D), exact k, v (B, n_kv, T, D)
     -> (B, H, T, D) in (B, T, H, D) memory."""
-    return JointAttention.apply(q, ek, ev, k, v, sinks, holds, grid, pos)
+    return joint_attention(q, ek, ev, k, v, pos, sinks, holds, grid.stride, grid.offset + grid.window - 1,
+                           grid.local_window or 0, grid.exact_keep)[0]

@@ -55,7 +55,7 @@ class TrainConfig:
     gate_probe: int = 32  # probe sequences of the gate snapshots
     # --- runtime ---
     device: str = "auto"  # auto | cpu | cuda
-    compile: bool = False  # torch.compile the model
+    compile: bool = False  # torch.compile: each layer captured whole at static shapes where it can be, else the model
     fsdp: bool = False  # FSDP2 (fully_shard) instead of DDP under torchrun
     threads: int = 0  # torch CPU threads (0 = torch default)
     logger: str = "none"  # none | tensorboard | wandb (extra logging, when installed)

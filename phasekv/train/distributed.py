@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from phasekv.attention import blockwise
+from phasekv.attention.attention import Attention
 from phasekv.errors import ConfigError
 from phasekv.model.transformer import PhaseLM
 from phasekv.train.config import TrainConfig
@@ -68,9 +70,30 @@ def pick_device(spec: str, dist: Dist) -> torch.device:
     return torch.device("cpu")
 
 
+def capturable(model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether each layer of `model` traces into one graph (`torch.compile(fullgraph=True)`): the study's attention
+    layers, full or compressed on the fused triton kernels (on `device`'s backend: the blockwise path reads a
+    position on the host), and no coverage regulariser (its gate reads run inside the layers)."""
+    if not isinstance(model, PhaseLM) or model.config.coverage_reg:
+        return False
+    fused = blockwise.backend(torch.empty(0, device=device)) == "triton"
+    return all(type(b.attn) is Attention and (b.attn.compressor is None or fused) for b in model.layers)
+
+
+def compile_layers(model: torch.nn.Module, backend: str = "inductor") -> None:
+    """Each layer of `model` compiled whole (one graph: `fullgraph`), at static shapes; `capturable` says whether a
+    PhaseLM's can be."""
+    for block in model.layers:
+        block.compile(backend=backend, fullgraph=True, dynamic=False)
+
+
 def wrap(model: PhaseLM, cfg: TrainConfig, dist: Dist, device: torch.device) -> torch.nn.Module:
-    """DDP or FSDP2 under torchrun (FSDP2 shards `model` in place), then optional torch.compile."""
+    """Optional torch.compile (each layer captured whole, at static shapes, where it can be: `capturable`; else the
+    model, with graph breaks), and DDP or FSDP2 under torchrun (FSDP2 shards `model` in place)."""
     wrapped: torch.nn.Module = model
+    layers = cfg.compile and capturable(model, device)
+    if layers:  # as torchtitan: per block, before sharding
+        compile_layers(model)
     if dist.world > 1 and cfg.fsdp:
         from torch.distributed.fsdp import fully_shard  # imported when used: ~1 s of start-up otherwise
 
@@ -80,9 +103,15 @@ def wrap(model: PhaseLM, cfg: TrainConfig, dist: Dist, device: torch.device) -> 
     elif dist.world > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
-    if cfg.compile:
+    if cfg.compile and not layers:
         wrapped = torch.compile(wrapped)
     return wrapped
+
+
+def eager(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
+    """A context in which layers compiled by `wrap` run eagerly: they are the training step's; validation and the
+    gate probe (whose hooks read inside the layers) run as they did before."""
+    return torch.compiler.set_stance("force_eager") if cfg.compile and capturable(model, device) else nullcontext()
 
 
 def no_sync(wrapped: torch.nn.Module, cfg: TrainConfig, dist: Dist, last_micro_step: bool):

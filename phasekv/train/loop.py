@@ -31,7 +31,7 @@ from phasekv.train import checkpoint as ck
 from phasekv.train.build import build_optimizer, model_and_tokenizer
 from phasekv.train.config import TrainConfig
 from phasekv.train.coverage import CoverageProbe
-from phasekv.train.distributed import Dist, full_state, init_dist, no_sync, pick_device, wrap
+from phasekv.train.distributed import Dist, eager, full_state, init_dist, no_sync, pick_device, wrap
 from phasekv.train.gates import gate_snapshot
 from phasekv.train.metrics import Clock, Logs, progress_bar
 from phasekv.train.resume import resolve_config, restore
@@ -209,11 +209,13 @@ class Trainer:
         self.dist.barrier()
 
     def snapshot(self):
-        rows = gate_snapshot(self.model, self.probe["input_ids"].to(self.device))
+        with eager(self.model, self.cfg, self.device):
+            rows = gate_snapshot(self.model, self.probe["input_ids"].to(self.device))
         self.logs.gates([{"step": self.step, **r} for r in rows])
 
     def _validate(self) -> dict:
-        return validate(self.model, self.val_stream, self.cfg, self.device, self.autocast, self.run_model.hf)
+        with eager(self.model, self.cfg, self.device):
+            return validate(self.model, self.val_stream, self.cfg, self.device, self.autocast, self.run_model.hf)
 
     def run(self) -> dict:
         cfg, n_steps, gate_steps = self.cfg, self.cfg.total_steps, self.cfg.gate_schedule()

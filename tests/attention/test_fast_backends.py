@@ -130,3 +130,19 @@ def test_triton_kernels_on_random_grids(W, S, o, T, t0, local, kv, tied, sink):
     sinks = torch.randn(2, requires_grad=True) if sink else None
     fast = blockwise.triton_attention(q, pos, ek, ev, k, v, grid, sinks=sinks)
     assert_same(fast, dense_reference(q, pos, ek, ev, k, v, grid, sinks), leaves + ([sinks] if sink else []))
+
+
+def test_a_fused_kernel_that_fails_here_falls_back_to_the_reference(monkeypatch, capsys):
+    """A kernel that cannot run on this machine (a Triton that cannot compile it): the reference runs instead, the
+    reason said once on stderr, and the kernel is not tried again."""
+    monkeypatch.setattr(blockwise, "FAILED", {})
+    tries = []
+
+    def broken():
+        tries.append(1)
+        raise RuntimeError("cannot compile\ndetails")
+
+    assert blockwise.guarded("compressor", broken, lambda: "reference") == "reference"
+    assert blockwise.guarded("compressor", broken, lambda: "again") == "again" and tries == [1]
+    assert "fused Triton compressor failed here (RuntimeError: cannot compile); running the reference" in \
+        capsys.readouterr().err

@@ -11,6 +11,8 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.mark.parametrize("args, says", [(["train_throughput.py", "--reps", "1", "--presets", "tiny"], "x reference"),
+                                        (["train_throughput.py", "--reps", "1", "--shapes", "tiny:2x32", "--models",
+                                          "reference,full", "--compile", "aot_eager", "--mfu"], "MFU"),
                                         (["needle_eval.py", "--length", "128", "--per-group", "8"], "CPU-min")])
 def test_benchmark_script_runs(args, says):
     out = subprocess.run([sys.executable, *args, "--threads", "1"], cwd=BENCH, capture_output=True, text=True,
@@ -109,3 +111,18 @@ def test_gpu_env_names_a_missing_package():
     assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].startswith("error:")
     assert "lacks rich, which the benchmarks import" in out.stderr
     assert "transformers" in out.stdout and "pyproject" in out.stdout
+
+
+def test_gpu_script_parses_and_compares_demo_verdicts(tmp_path):
+    """benchmarks/gpu.sh is valid bash (`SMOKE=1 bash benchmarks/gpu.sh OUT` runs it whole on a CPU, ~10 min);
+    demo_verdicts.py says whether two demos' claim verdicts agree and exits 1 where they do not."""
+    assert subprocess.run(["bash", "-n", str(BENCH / "gpu.sh")]).returncode == 0
+    for name, verdict in (("cpu", "reproduced"), ("cuda", "reproduced"), ("other", "not reproduced")):
+        (tmp_path / name / "report").mkdir(parents=True)
+        claims = [{"claim": "C1", "verdict": "not testable here"}, {"claim": "C10", "verdict": verdict}]
+        (tmp_path / name / "report" / "claims.json").write_text(json.dumps(claims))
+    run = lambda a, b: subprocess.run([sys.executable, "demo_verdicts.py", str(tmp_path / a), str(tmp_path / b)],  # noqa: E731
+                                      cwd=BENCH, capture_output=True, text=True, timeout=60)
+    same, differ = run("cpu", "cuda"), run("cpu", "other")
+    assert same.returncode == 0 and "equal to the CPU's (2 of 2 claims)" in same.stdout
+    assert differ.returncode == 1 and "DIFFERS" in differ.stdout
