@@ -10,7 +10,7 @@ import pytest
 
 from phasekv.attention.compressor import cyclable
 from phasekv.config import ModelConfig
-from phasekv.config.names import PAPER_GRID, parse_name
+from phasekv.config.names import PAPER_GRID, parse_name, unseeded
 from phasekv.demo.plan import STUDY_PRESET, STUDY_STEPS, plan_for, study_plan
 from phasekv.demo.runner import build_tasks, run_plan, run_study
 from phasekv.errors import ConfigError
@@ -73,7 +73,8 @@ def _check_outputs(root: Path, models: list[str]) -> None:
     assert [c["claim"] for c in claims] == CLAIMS
     assert all(c["verdict"] in ("reproduced", "not reproduced", "not testable here") and c["reason"] for c in claims)
     grid = pd.read_csv(root / "report" / "grid.csv")
-    assert set(PAPER_GRID) <= set(grid.model) and set(models) <= set(grid[grid.run].model)
+    designs = {unseeded(name) for name in PAPER_GRID}  # the grid has one row per design, its seeds in a column
+    assert designs == set(grid.model) and set(models) <= set(grid[grid.run].model)
     assert grid[grid.run]["mean"].notna().all() and grid[grid.run]["in-sequence_gap"].notna().all()
     html = (root / "report" / "index.html").read_text()
     assert html.index('<section id="claims">') < html.index('<section id="grid">') < html.index('id="verdicts"')
