@@ -1,4 +1,4 @@
-"""The study's claims C1-C10 (docs: The study and its claims), each with a verdict computed from a study directory's results.
+"""The study's claims C1-C11 (docs: The study and its claims), each with a verdict computed from a study directory's results.
 
 `facts(study)` gathers what the rules read, keyed by paper name; each rule (`c1` .. `c10`) is a small
 function of those facts that returns a `Verdict`: `reproduced`, `not reproduced`, or `not testable here`
@@ -40,11 +40,12 @@ class Facts:
     gates: dict[str, dict] = field(default_factory=dict)  # name -> gates summary.json
     cycle: dict[str, dict] = field(default_factory=dict)  # name -> {"grid", "boundary_phase", "profiles": {d: acc}}
     theory: dict[str, dict] = field(default_factory=dict)  # minimisers | flow | coverage -> summary.json
+    posttrain: list[dict] = field(default_factory=list)  # post-trained models beside their bases (`posttrain.pairs`)
 
 
 @dataclass
 class Verdict:
-    claim: str  # C1 .. C10
+    claim: str  # C1 .. C11
     verdict: str  # REPRODUCED | NOT_REPRODUCED | UNTESTABLE
     reason: str  # the numbers behind the verdict in words, or why it cannot be tested here
     evidence: dict = field(default_factory=dict)  # measured numbers with intervals; published ones beside them
@@ -328,7 +329,14 @@ def c10(f: Facts) -> Verdict:
     return Verdict("C10", REPRODUCED if held else NOT_REPRODUCED, reason, {"checks": parts})
 
 
-RULES = (c1, c2, c3, c4, c5, c6, c7, c8, c9, c10)
+def c11(f: Facts) -> Verdict:
+    """Post-training raises the mean, narrows the gap and keeps the period (its own module: `report.posttrain`)."""
+    from phasekv.report.posttrain import c11 as rule
+
+    return rule(f.posttrain)
+
+
+RULES = (c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11)
 
 
 def verdicts(f: Facts) -> list[Verdict]:
@@ -362,9 +370,11 @@ def _named(study: Study, stages: dict, fn=lambda stage: stage.summary) -> dict:
 
 def facts(study: Study) -> Facts:
     """The study's results keyed by paper name."""
+    from phasekv.report.posttrain import pairs
+
     an = study.analyses
     cycle = _named(study, an.get("cycle", {}), _cycle_facts)
     return Facts(lookup={p: _named(study, st) for p, st in study.lookup.items() if st},
                  knockout=_named(study, an.get("knockout", {})), gates=_named(study, an.get("gates", {})),
                  cycle={n: c for n, c in cycle.items() if c["boundary_phase"] is not None},
-                 theory={k: st.summary for k, st in study.theory.items()})
+                 theory={k: st.summary for k, st in study.theory.items()}, posttrain=pairs(study))
