@@ -140,3 +140,19 @@ def test_refusals_raise_before_anything_is_read(base, tmp_path):
         pt.refuse(tmp_path, tmp_path / "out")
     with pytest.raises(ConfigError, match="--every 0"):
         pt.Settings(steps=4, every=0)
+
+
+def test_hf_continuation_starts_from_the_base_exactly(tmp_path):
+    """A transformers DeepSeek-V4 run is continued with `--hf-model`, from its weights exactly, on its own data."""
+    from phasekv.train.hfmodel import load_hf_model
+    from tests.hf.tiny import v4_config, write_config
+
+    cfg = write_config(v4_config(), tmp_path / "v4.json")
+    base = tmp_path / "v4"
+    train(hf_config=str(cfg), out=str(base), steps=1, val_every=0, gate_steps="none",
+          **{**{k: v for k, v in FAST.items() if k != "preset"}, "batch_size": 2, "seq_len": 48, "seed": 3})
+    tc = pt.continuation(base, tmp_path / "run", pt.Settings(steps=2, every=1))
+    assert (tc.hf_model, tc.init_from, tc.seq_len, tc.seed, tc.data.recall.gap_prob) == (str(base), None, 48, 3, 0.5)
+    run, _ = model_and_tokenizer(tc, resuming=False)
+    a, b = run.module.state_dict(), load_hf_model(base).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
