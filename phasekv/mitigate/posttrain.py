@@ -5,8 +5,10 @@ The continuation is one `phasekv train --init-from MODEL` run (`--hf-model` for 
 whole budget, stopped every `every` steps at a checkpoint (`train(..., until=step)`) to evaluate it; the run
 resumes from there exactly, so a command that is interrupted continues where it stopped. The recipe (`Recipe`):
 the base's own data with half the records adjacent (`gap_prob` 0.5: the lookup's dense layout among the spaced-out
-records the base saw; what made W8/S4 · 1 KV flat from scratch), all records from the start, AdamW at a constant
-1e-3 after a 20-step warmup: constant, so the model a run stopped at step s is the model of any longer budget at s.
+records the base saw; what made W8/S4 · 1 KV flat from scratch), all records from the start, AdamW at the base's own
+peak rate held constant after a 20-step warmup: constant, so the model a run stopped at step s is the model of any
+longer budget at s (chosen at seeds 100-101 of the demo's W8/S4 · 1 KV: flat at 150 and 250 steps at 3e-3, the
+base's peak, against 400 at 1e-3; sweeps/posttrain.sh).
 
 Each check audits the model (`phasekv.mitigate.audit.run_audit`) on every layout of its task: the lookup under
 prefix and in-sequence padding and a held-out layout (half the records, the freed tokens as filler), or the
@@ -48,7 +50,8 @@ from phasekv.train.run import resolve_model_dir
 
 SCHEMA = "phasekv.posttrain/1"
 RECORD, MODEL, CHECKS, REFERENCE, CURVE = "posttrain.json", "model", "checks", "reference", "curve.png"
-MINIATURE = 0.25  # post-training in miniature (C11): the recipe for this fraction of the base's own steps
+MINIATURE = 0.25  # post-training in miniature (C11): the recipe for this fraction of the base's own steps,
+MINIATURE_LR = 1 / 3  # at this fraction of the base's peak rate (post-training's smaller rate; the probe's 1e-3)
 TASKS = ("auto", "lookup", "needle")
 
 
@@ -56,7 +59,7 @@ TASKS = ("auto", "lookup", "needle")
 class Recipe:
     """How the base is continued: its own data, sequence length and batch, with these changes."""
 
-    lr: float = 1e-3  # AdamW rate, constant after the warmup (a stopped run is every longer budget's run so far)
+    lr: float | None = None  # AdamW rate, constant after the warmup (None: the base's peak rate)
     warmup: int = 20  # linear warmup steps
     batch_size: int | None = None  # sequences per step (None: the base's)
     recall: dict = field(default_factory=lambda: {"gap_prob": 0.5, "curriculum": 0})  # recall data changes: half
@@ -179,11 +182,11 @@ def continuation(base: Path, run_dir: Path, s: Settings, progress: bool = False)
     data = DataConfig(**t["data"]) if t.get("data") else DataConfig()
     if kind == "hf" and not t and data.tokenizer is None:  # a model not trained here: its own tokenizer
         data = dataclasses.replace(data, tokenizer=str(weights))
-    batch = r.batch_size or t.get("batch_size", TrainConfig.batch_size)
+    batch, lr = r.batch_size or t.get("batch_size", TrainConfig.batch_size), r.lr or t.get("lr", TrainConfig.lr)
     accum = t.get("grad_accum", 1) if batch % t.get("grad_accum", 1) == 0 else 1
     source = {"hf_model": str(base)} if kind == "hf" else {"init_from": str(base)}
     return TrainConfig(**source, data=recipe_data(data, r), steps=s.steps, seq_len=t.get("seq_len", TrainConfig.seq_len),
-                       batch_size=batch, grad_accum=accum, trim=t.get("trim", False), lr=r.lr, min_lr=r.lr,
+                       batch_size=batch, grad_accum=accum, trim=t.get("trim", False), lr=lr, min_lr=lr,
                        warmup=r.warmup, seed=s.seed if s.seed is not None else trained.get("seed"), val_every=0,
                        ckpt_every=s.every, gate_steps="none", out=str(run_dir), progress=progress)
 
@@ -263,6 +266,7 @@ def posttrain(base: str | Path, out: str | Path, s: Settings, device: str = "cpu
     if not rec["checks"][1:]:
         say(check_line(rec["checks"][0], rec["layouts"]))
     cfg = continuation(base, out / MODEL, s, progress)
+    rec["lr"] = cfg.lr
     while rec["stopped"] is None:
         step = next(n for n in s.schedule() if n > rec["checks"][-1]["step"])
         train(cfg, resume=True, until=step)
@@ -307,4 +311,4 @@ def curve(rec: dict) -> Figure:
                          ylabel="points (95% interval)", ylim=(-2, 102), guides=[Guide(y=margin), *stop], legend=True),
                    Panel(means, title="mean accuracy", xlabel="fine-tuning steps", ylabel="% (95% interval)",
                          ylim=(-2, 102), guides=stop)],
-                  title=f"{rec['name']} continued (lr {rec['settings']['recipe']['lr']:g}): {words}", size=(10, 3.4))
+                  title=f"{rec['name']} continued (lr {rec['lr']:g}): {words}", size=(10, 3.4))

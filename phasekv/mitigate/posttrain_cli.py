@@ -24,7 +24,7 @@ def posttrain_command(
                                               "points of its mean (evaluated once, OUT/reference/)."),
     margin: float = typer.Option(None, "--margin", help="Flat: every layout's gap has its 95% upper bound below "
                                                         "this many points (default: the rule's δ)."),
-    lr: float = typer.Option(1e-3, help="Learning rate, constant after the warmup."),
+    lr: float = typer.Option(None, help="Learning rate, constant after the warmup (default: the base's peak rate)."),
     warmup: int = typer.Option(20, help="Linear warmup steps."),
     batch_size: int = typer.Option(None, "--batch-size", help="Sequences per step (default: the base's)."),
     recall: str = typer.Option("gap_prob=0.5,curriculum=0", help="Changes to the base's recall data, key=value pairs "
@@ -35,7 +35,8 @@ def posttrain_command(
     seed: int = typer.Option(None, help="Data order of the continuation (default: the base's seed)."),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
 ) -> None:
-    """Continue a trained model with a phase-balanced recipe (its own data with half the records adjacent, lr 1e-3)
+    """Continue a trained model with a phase-balanced recipe (its own data with half the records adjacent, at its own
+    peak learning rate)
     and audit it every --every steps under both paddings and a held-out layout (or the needle); stop once it is
     flat by equivalence on every one (the gap's 95% upper bound below δ, and it retrieves) or at the budget.
     Refuses, in one line and writing nothing, a directory that is no model, a budget of 0 and a model that does

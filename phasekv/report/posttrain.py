@@ -1,9 +1,9 @@
 """C11, post-training: "post-training raises the mean and narrows the gap, and the period stays the stride".
 
-Post-training in miniature, fixed before it was measured: a trained model continued on a distribution other than
-its pretraining's (its recall with half the records adjacent where it saw them spaced out) for a quarter of its
-own steps (`phasekv.mitigate.posttrain.MINIATURE`, the repair's recipe and schedule), never on the evaluation's
-prompts. A study directory holds each post-trained model in `posttrain/<base alias>/` (`Layout.posttrain`): its run
+Post-training in miniature, fixed before it was measured at the seeds of docs/results/posttrain.md: a trained model
+continued on a distribution other than its pretraining's (its recall with half the records adjacent where it saw
+them spaced out) for a quarter of its own steps at a third of its peak rate (`phasekv.mitigate.posttrain.MINIATURE`,
+`MINIATURE_LR`: the repair's recipe, at a post-training rate), never on the evaluation's prompts. A study directory holds each post-trained model in `posttrain/<base alias>/` (`Layout.posttrain`): its run
 and its lookup under both paddings, read beside the base's own lookup.
 
 The verdict reads each pair (one seed of one design) under prefix padding, the published table's: the mean is
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from phasekv.config import ModelConfig
 from phasekv.eval.stats import clopper_pearson
-from phasekv.mitigate.posttrain import MINIATURE
+from phasekv.mitigate.posttrain import MINIATURE, MINIATURE_LR
 from phasekv.report import published as pub
 from phasekv.report.checks import learned, periodic
 from phasekv.report.claims import NOT_REPRODUCED, PADDING, REPRODUCED, UNTESTABLE, Verdict, ci, text
@@ -86,7 +86,8 @@ def c11(found: list[dict]) -> Verdict:
     held = [r for r in read if r["holds"]]
     lo, hi = clopper_pearson(len(held), len(read))
     failing = [r["model"] for r in read if not r["holds"]]
-    reason = (f"continued for {MINIATURE:g} of their steps, half the records adjacent: holds at {len(held)} of "
+    reason = (f"continued for {MINIATURE:g} of their steps at {MINIATURE_LR:.2g} of their peak rate, half the records "
+              f"adjacent: holds at {len(held)} of "
               f"{len(read)} models and seeds (95% exact interval {100 * lo:.0f}-{100 * hi:.0f}%)"
               + (f", failing: {', '.join(failing)}" if failing else "") + "; " + "; ".join(_line(r) for r in rows) + ".")
     verdict = REPRODUCED if len(held) == len(read) else NOT_REPRODUCED

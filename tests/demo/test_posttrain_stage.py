@@ -1,6 +1,8 @@
 """The plans' post-training in miniature (claim C11): a task after each W8/S4 · 1 KV's training, none elsewhere, and
 the stage end to end on a tiny base: its continuation, its lookups and what the claim reads of them."""
 
+import pytest
+
 from phasekv.demo import stages
 from phasekv.demo.plan import family_plan, plan_for, study_plan
 from phasekv.demo.runner import build_tasks
@@ -27,6 +29,7 @@ def test_stage_end_to_end(tmp_path):
     s = stages.posttrain(plan, str(run), str(lay.posttrain("w8s4-1kv")))
     assert (s["steps"], s["base_steps"]) == (8, 30)  # a quarter of the base's steps, rounded
     assert s["recipe"]["data"]["recall"]["gap_prob"] == 0.5 and s["recipe"]["init_from"] == str(run)
+    assert s["recipe"]["lr"] == s["recipe"]["min_lr"] == pytest.approx(1e-3)  # a third of the base's peak
     (p,) = pairs(load_study(tmp_path))
     assert (p["name"], p["stride"], p["steps"]) == ("W8/S4 · 1 KV", 4, 8)
     assert set(p["base"]) == set(p["post"]) == {"prefix", "in-sequence"}

@@ -35,9 +35,9 @@ def files(path):
 
 def test_continuation_starts_from_the_base_exactly(base, tmp_path):
     """A zero-step continuation is the base tensor for tensor (what the training builds before its first step), with
-    the recipe: the base's data and length, half the records adjacent, a constant 1e-3, its seed."""
+    the recipe: the base's data and length, half the records adjacent, its peak rate held constant, its seed."""
     cfg = pt.continuation(base, tmp_path / "run", pt.Settings(steps=5, every=5))
-    assert (cfg.init_from, cfg.lr, cfg.min_lr, cfg.warmup, cfg.seq_len, cfg.seed) == (str(base), 1e-3, 1e-3, 20, 64, 7)
+    assert (cfg.init_from, cfg.lr, cfg.min_lr, cfg.warmup, cfg.seq_len, cfg.seed) == (str(base), 3e-3, 3e-3, 20, 64, 7)
     assert cfg.data.recall.gap_prob == 0.5 and cfg.data.recall.curriculum == 0 and cfg.batch_size == 4
     run, _ = model_and_tokenizer(cfg, resuming=False)
     own, _ = load_run(base, hf_tokenizer=False)
