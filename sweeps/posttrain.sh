@@ -42,8 +42,7 @@ base() {  # MODEL SEED STEPS: a base at the demo's recipe and its lookup under b
 for s in 100 101 102 103 104 105 106 107 108 109 110 111; do
   base "W8/S4 · 1 KV" $s 600 "w8s4-1kv-seed$s"
   "$BIN/phasekv" posttrain "$R/bases/base/w8s4-1kv-seed$s" --out "$R/w8s4/seed$s" --steps 600 --every 50 || true
-  "$BIN/phasekv" posttrain "$R/bases/base/w8s4-1kv-seed$s" --out "$R/c11/seed$s" --steps 150 --every 150 --no-stop \
-    --lr 1e-3 || true
+  "$BIN/python" sweeps/posttrain_c11.py --bases "$R/bases" --seeds $s --out "$R/c11"  # the demo's C11 stage
 done
 for s in 100 101 102 103; do
   base "W8/S8 · 1 KV" $s 1000 "w8s8-1kv-seed$s"
