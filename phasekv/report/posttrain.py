@@ -23,6 +23,9 @@ from phasekv.report.claims import NOT_REPRODUCED, PADDING, REPRODUCED, UNTESTABL
 from phasekv.report.layout import POSTTRAIN, SUMMARY, Layout
 from phasekv.report.load import Study, read_json
 
+UNTIL_FLAT = ("The same recipe at the full rate, until flat: `phasekv posttrain` (docs: Results, Post-training; the demo "
+              "does not run it, for time).")
+
 
 def pairs(study: Study) -> list[dict]:
     """Every post-trained model of the study beside its base: {"name", "seed", "stride", "steps", "base": {padding:
@@ -89,7 +92,8 @@ def c11(found: list[dict]) -> Verdict:
     reason = (f"continued for {MINIATURE:g} of their steps at {MINIATURE_LR:.2g} of their peak rate, half the records "
               f"adjacent: holds at {len(held)} of "
               f"{len(read)} models and seeds (95% exact interval {100 * lo:.0f}-{100 * hi:.0f}%)"
-              + (f", failing: {', '.join(failing)}" if failing else "") + "; " + "; ".join(_line(r) for r in rows) + ".")
+              + (f", failing: {', '.join(failing)}" if failing else "") + "; " + "; ".join(_line(r) for r in rows)
+              + f". {UNTIL_FLAT}")
     verdict = REPRODUCED if len(held) == len(read) else NOT_REPRODUCED
     return Verdict("C11", verdict, reason, {"pairs": rows, "holds": len(held), "read": len(read),
                                             "interval": [lo, hi], "failing_seeds": failing, "published": published})
