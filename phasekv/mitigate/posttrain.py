@@ -64,7 +64,8 @@ class Recipe:
     batch_size: int | None = None  # sequences per step (None: the base's)
     recall: dict = field(default_factory=lambda: {"gap_prob": 0.5, "curriculum": 0})  # recall data changes: half
     #   the records adjacent, every record count from the first step (the base has learned to bind)
-    needle: dict = field(default_factory=dict)  # needle data changes (its filler is already split at random)
+    needle: dict = field(default_factory=lambda: {"curriculum": 0})  # needle data changes: every record count from
+    #   the first step (its filler is already split at random between the records)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ def posttrain_command(
     batch_size: int = typer.Option(None, "--batch-size", help="Sequences per step (default: the base's)."),
     recall: str = typer.Option("gap_prob=0.5,curriculum=0", help="Changes to the base's recall data, key=value pairs "
                                                                   "(default: half the records adjacent, no curriculum)."),
-    needle: str = typer.Option("", help="Changes to the base's needle data, key=value pairs."),
+    needle: str = typer.Option("curriculum=0", help="Changes to the base's needle data, key=value pairs (default: "
+                                                    "no curriculum)."),
     per_group: int = typer.Option(None, "--per-group", help="Prompts per residue group (lookup 576, needle 64)."),
     context: int = typer.Option(None, help="Needle context tokens (default: what fits)."),
     seed: int = typer.Option(None, help="Data order of the continuation (default: the base's seed)."),
