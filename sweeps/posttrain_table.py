@@ -1,15 +1,18 @@
 """The seed table of `phasekv posttrain` runs (docs/results/posttrain.md): one row per run directory, then how many
-reached flat with an exact (Clopper-Pearson) 95% interval and their steps to flat.
+reached flat with an exact (Clopper-Pearson) 95% interval and their steps to flat; `--figure PNG`: every run's gap
+and mean under one layout against fine-tuning steps.
 
-    python sweeps/posttrain_table.py runs/posttrain/w8s4/seed*    # OUT directories of phasekv posttrain
+    python sweeps/posttrain_table.py runs/posttrain/w8s4/seed* [--figure curves.png --layout prefix]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
+from phasekv.eval.figure import PALETTE, Figure, Guide, Panel, Trace, to_png
 from phasekv.eval.stats import clopper_pearson
 
 
@@ -29,8 +32,31 @@ def row(out: Path) -> tuple[str, dict]:
     return f"| {rec['name']} | {steps} | " + " | ".join(cells) + " |", rec
 
 
-def main(dirs: list[str]) -> None:
-    rows = [row(Path(d)) for d in dirs if (Path(d) / "posttrain.json").is_file()]
+def figure(recs: list[dict], layout: str) -> Figure:
+    """One line per run: `layout`'s gap (95% band) and mean against fine-tuning steps; δ dashed."""
+    gaps, means = [], []
+    for i, rec in enumerate(recs):
+        pts = [(c["step"], c["layouts"][layout]) for c in rec["checks"] if layout in c["layouts"]]
+        x, color, name = [s for s, _ in pts], PALETTE[i % len(PALETTE)], rec["name"].split(" · ")[-1]
+        gaps += [Trace("band", x, [n["gap_ci"][0] for _, n in pts], [n["gap_ci"][1] for _, n in pts], color=color,
+                       alpha=0.12), Trace("line", x, [n["gap"] for _, n in pts], name=name, color=color, marker="circle",
+                                         size=2.5, width=1.0)]
+        means.append(Trace("line", x, [n["mean"] for _, n in pts], color=color, marker="circle", size=2.5, width=1.0))
+    margin = recs[0]["settings"]["margin"]
+    return Figure([Panel(gaps, title=f"{layout} gap (95% band; δ = {margin:g} dashed)", xlabel="fine-tuning steps",
+                         ylabel="points", ylim=(-2, 102), guides=[Guide(y=margin)], legend=True),
+                   Panel(means, title=f"{layout} mean", xlabel="fine-tuning steps", ylabel="%", ylim=(-2, 102))],
+                  title=f"{recs[0]['name'].split(' · seed')[0]} continued (phasekv posttrain)",
+                  size=(10, 3.6))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dirs", nargs="+")
+    ap.add_argument("--figure", type=Path)
+    ap.add_argument("--layout", default="prefix")
+    a = ap.parse_args()
+    rows = [row(Path(d)) for d in a.dirs if (Path(d) / "posttrain.json").is_file()]
     if not rows:
         sys.exit("no posttrain.json under the directories given")
     names = rows[0][1]["layouts"]
@@ -42,7 +68,10 @@ def main(dirs: list[str]) -> None:
     lo, hi = clopper_pearson(len(flat), len(rows))
     print(f"\nflat at {len(flat)} of {len(rows)} (95% exact interval {100 * lo:.0f}-{100 * hi:.0f}%); steps to flat: "
           + (", ".join(map(str, sorted(flat))) or "none"))
+    if a.figure:
+        to_png(figure([r for _, r in rows], a.layout), a.figure)
+        print(f"wrote {a.figure}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
