@@ -38,10 +38,12 @@ def figure(recs: list[dict], layout: str) -> Figure:
     for i, rec in enumerate(recs):
         pts = [(c["step"], c["layouts"][layout]) for c in rec["checks"] if layout in c["layouts"]]
         x, color, name = [s for s, _ in pts], PALETTE[i % len(PALETTE)], rec["name"].split(" · ")[-1]
+        dash = "solid" if i < len(PALETTE) else "dash"  # the palette's colours again, dashed
         gaps += [Trace("band", x, [n["gap_ci"][0] for _, n in pts], [n["gap_ci"][1] for _, n in pts], color=color,
                        alpha=0.12), Trace("line", x, [n["gap"] for _, n in pts], name=name, color=color, marker="circle",
-                                         size=2.5, width=1.0)]
-        means.append(Trace("line", x, [n["mean"] for _, n in pts], color=color, marker="circle", size=2.5, width=1.0))
+                                         size=2.5, width=1.0, dash=dash)]
+        means.append(Trace("line", x, [n["mean"] for _, n in pts], color=color, marker="circle", size=2.5, width=1.0,
+                           dash=dash))
     margin = recs[0]["settings"]["margin"]
     return Figure([Panel(gaps, title=f"{layout} gap (95% band; δ = {margin:g} dashed)", xlabel="fine-tuning steps",
                          ylabel="points", ylim=(-2, 102), guides=[Guide(y=margin)], legend=True),

@@ -290,12 +290,15 @@ def check_line(c: dict, names: list[str]) -> str:
 
 
 def _series(rec: dict, name: str, key: str, color: str) -> list[Trace]:
-    """One layout's `key` (gap or mean) against steps: its 95% band and its line."""
+    """One layout's `key` (gap or mean) against steps: its 95% band and its line, or its points alone where the
+    layout was not audited at every check (a check ends at its first layout that is not flat)."""
     pts = [(c["step"], c["layouts"][name]) for c in rec["checks"] if name in c["layouts"]]
-    x = [s for s, _ in pts]
+    x, y = [s for s, _ in pts], [n[key] for _, n in pts]
+    if len(pts) < len(rec["checks"]):
+        return [Trace("points", x, y, name=f"{name} (where audited)", color=color, marker="circle", size=5)]
     return [Trace("band", x, [n[f"{key}_ci"][0] for _, n in pts], [n[f"{key}_ci"][1] for _, n in pts], color=color,
                   alpha=0.18),
-            Trace("line", x, [n[key] for _, n in pts], name=name, color=color, marker="circle", size=3)]
+            Trace("line", x, y, name=name, color=color, marker="circle", size=3)]
 
 
 def curve(rec: dict) -> Figure:
