@@ -17,7 +17,7 @@
     DIR/posttrain/<alias>/                the model post-trained in miniature (claim C11): run/, eval/lookup-<padding>/,
                                           summary.json (`phasekv.demo.stages.posttrain`)
     DIR/report/index.html                 the report; DIR/report/figures/*.png its figures as PNG
-    DIR/report/claims.json, grid.csv      the verdicts on the study's claims C1-C10; the grid table (Figure 2)
+    DIR/report/claims.json, grid.csv      the verdicts on the study's claims C1-C11; the grid table (Figure 2)
     DIR/report/family.md                  the section "The family" as Markdown (a family run)
 
 `<alias>` is the model's ASCII alias (`w8s8-1kv`), so directory names stay portable.
