@@ -91,6 +91,8 @@ def build_tasks(root: Path, plan: DemoPlan, device: str = "cpu") -> list[Task]:
                               lambda c=c: done(c), trained))
     if plan.kind == "family":
         tasks += family_tasks(lay, plan, cfgs)
+    else:
+        tasks += posttrain_tasks(lay, plan, cfgs)
     prefix = [t for t in tasks if t.name.startswith(LOOKUP.task("prefix"))]
     tasks.append(Task("compare", stages.compare, {"plan": p, "evals": [t.kwargs["out"] for t in prefix],
                                                   "out": str(lay.compare)},
@@ -126,6 +128,15 @@ def family_tasks(lay: Layout, plan: DemoPlan, cfgs: dict[str, ModelConfig]) -> l
                           lambda out=out: done(out),
                           [f"train {alias}", *(f"{LOOKUP.task(v)} {alias}" for v in LOOKUP.study)]))
     return tasks
+
+
+def posttrain_tasks(lay: Layout, plan: DemoPlan, cfgs: dict[str, ModelConfig]) -> list[Task]:
+    """Post-training in miniature (claim C11) of every model of a design in `stages.POSTTRAINED`, after its training."""
+    designs = {ModelConfig.from_name(d).name for d in stages.POSTTRAINED}
+    return [Task(f"posttrain {alias}", stages.posttrain, {"plan": plan.to_dict(), "run_dir": str(lay.run(alias)),
+                                                           "out": str(lay.posttrain(alias))},
+                 lambda out=lay.posttrain(alias): (out / "summary.json").is_file(), [f"train {alias}"])
+            for alias, cfg in cfgs.items() if cfg.replace(seed=ModelConfig.seed).name in designs]
 
 
 def rerun_names(plan: DemoPlan, rerun: list[str]) -> list[str]:

@@ -76,10 +76,12 @@ def verdict(summary: dict, stride: int | None, margin: float) -> dict:
 def run_audit(em: EvalModel, out: Path, stride: int | None = None, margin: float = FLAT_MARGIN, task: str = "auto",
               per_group: int | None = None, modulus: int | None = None, context: int | None = None,
               records: int | None = None, demos: int | None = None, filler: int | None = None, seed: int = 0,
-              batch_size: int = 32, interval: str | None = None, progress: bool = True) -> dict:
+              batch_size: int = 32, interval: str | None = None, progress: bool = True,
+              padding: str | None = None) -> dict:
     """Evaluate (once per modulus the model's ratios need), test periodicity, write OUT/audit.json and
     OUT/audit.png; returns the verdict (with `verdict` and `exit_code`). task: a retrieval protocol
-    (`phasekv.eval.protocols`), or auto: the one for the model's kind. `stride` replaces the model's ratios."""
+    (`phasekv.eval.protocols`), or auto: the one for the model's kind. `stride` replaces the model's ratios;
+    `padding` the protocol's own padding."""
     if margin <= 0:
         raise ConfigError(f"--margin {margin:g} must be > 0 (points)")
     names = [p.name for p in retrieval_protocols()]
@@ -87,7 +89,7 @@ def run_audit(em: EvalModel, out: Path, stride: int | None = None, margin: float
         raise ConfigError(f"--task must be auto, {', '.join(names[:-1])} or {names[-1]}, got {task!r}")
     proto = for_model(em) if task == "auto" else protocol(task)
     cfg = proto.fit(em, per_group=per_group, modulus=modulus, context=context, records=records, demos=demos,
-                    filler=filler, seed=seed)
+                    filler=filler, seed=seed, padding=padding)
     if stride is not None and (stride < 1 or (modulus is not None and cfg.modulus % stride)):
         raise ConfigError(f"--stride {stride} must divide the modulus {cfg.modulus} (pass --modulus)")
     ratios = {stride: ["--stride"]} if stride else model_ratios(em)  # a ratio M misses gets its own modulus

@@ -297,8 +297,11 @@ def seeds_table(r: RepairResult):
 
 
 def register(app: typer.Typer) -> None:
+    from phasekv.mitigate.posttrain_cli import posttrain_command
+
     app.command("compare")(compare_command)
     app.command("repair")(repair_command)
+    app.command("posttrain")(posttrain_command)
     app.command("audit")(audit_command)
 
 

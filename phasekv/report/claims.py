@@ -1,4 +1,4 @@
-"""The study's claims C1-C10 (docs: The study and its claims), each with a verdict computed from a study directory's results.
+"""The study's claims C1-C11 (docs: The study and its claims), each with a verdict computed from a study directory's results.
 
 `facts(study)` gathers what the rules read, keyed by paper name; each rule (`c1` .. `c10`) is a small
 function of those facts that returns a `Verdict`: `reproduced`, `not reproduced`, or `not testable here`
@@ -16,14 +16,23 @@ import numpy as np
 from phasekv.config.names import DEFAULTS, parse_name, seed_of, unseeded
 from phasekv.errors import ModelNameError
 from phasekv.eval.stats import FLAT, FLAT_MARGIN, NOT_FLAT, clopper_pearson, flat_rule, flatness
+from phasekv.report import posttrain
 from phasekv.report import published as pub
 from phasekv.report.checks import periodic, repair_aliases
 from phasekv.report.load import Study
 from phasekv.report.tables import learned
+from phasekv.report.verdict import (
+    NOT_REPRODUCED,
+    PADDING,
+    REPRODUCED,
+    UNTESTABLE,
+    VARIES,
+    Verdict,
+    ci,
+    rounded,
+    text,
+)
 
-REPRODUCED, NOT_REPRODUCED, UNTESTABLE = "reproduced", "not reproduced", "not testable here"
-VARIES = "varies with the seed"  # reproduced at some of the seeds it was tested at, not at others
-PADDING = pub.PROTOCOL[1]  # the verdicts' padding
 FULL_1KV, FULL_8KV, W8S8, W8S4 = "Full attention · 1 KV", "Full attention · 8 KV", "W8/S8 · 1 KV", "W8/S4 · 1 KV"
 STRIDES = (4, 6, 8, 12)  # the strides C1 names
 MEAN_RATIO = 0.9  # C3: "approaches" = a mean at least this fraction of full attention's
@@ -42,33 +51,7 @@ class Facts:
     gates: dict[str, dict] = field(default_factory=dict)  # name -> gates summary.json
     cycle: dict[str, dict] = field(default_factory=dict)  # name -> {"grid", "boundary_phase", "profiles": {d: acc}}
     theory: dict[str, dict] = field(default_factory=dict)  # minimisers | flow | coverage -> summary.json
-
-
-@dataclass
-class Verdict:
-    claim: str  # C1 .. C10
-    verdict: str  # REPRODUCED | NOT_REPRODUCED | UNTESTABLE
-    reason: str  # the numbers behind the verdict in words, or why it cannot be tested here
-    evidence: dict = field(default_factory=dict)  # measured numbers with intervals; published ones beside them
-
-    def to_dict(self) -> dict:
-        return {"claim": self.claim, "text": pub.CLAIMS[self.claim], "verdict": self.verdict, "reason": self.reason,
-                "evidence": self.evidence}
-
-
-def _r(x, nd: int = 1):
-    return None if x is None or x != x else round(float(x), nd)
-
-
-def ci(s: dict, key: str) -> dict:
-    """A summary's estimate with its 95% interval, e.g. {"value": 75.3, "ci": [70.1, 80.2]}."""
-    lo, hi = s.get(f"{key}_ci") or (None, None)
-    return {"value": _r(s.get(key)), "ci": [_r(lo), _r(hi)]}
-
-
-def text(s: dict, key: str) -> str:
-    c = ci(s, key)
-    return f"{c['value']} [{c['ci'][0]}, {c['ci'][1]}]"
+    posttrain: list[dict] = field(default_factory=list)  # post-trained models beside their bases (`posttrain.pairs`)
 
 
 def _compressed(name: str) -> bool:
@@ -180,8 +163,8 @@ def within_window(s: dict, stride: int) -> dict:
     p = a / 100
     se = 100 * float(np.sqrt(p[hi] * (1 - p[hi]) / max(k[hi], 1) + p[lo] * (1 - p[lo]) / max(k[lo], 1)))
     spread = float(a[hi] - a[lo])
-    return {"spread": _r(spread), "ci": [_r(spread - 1.96 * se), _r(spread + 1.96 * se)],
-            "phases": [_r(x) for x in acc], "strongest": hi, "weakest": lo}
+    return {"spread": rounded(spread), "ci": [rounded(spread - 1.96 * se), rounded(spread + 1.96 * se)],
+            "phases": [rounded(x) for x in acc], "strongest": hi, "weakest": lo}
 
 
 def c4(f: Facts) -> Verdict:
@@ -192,7 +175,7 @@ def c4(f: Facts) -> Verdict:
     res = {W8S8: within_window(ok[W8S8], 8)}
     lo = res[W8S8]["ci"][0]
     verdict = REPRODUCED if lo > WITHIN_WINDOW else NOT_REPRODUCED
-    pub_spread = {f"{n}, phases 0..6 span": _r(max(p[:-1]) - min(p[:-1])) for n, p in pub.PHASE_PROFILES.items()}
+    pub_spread = {f"{n}, phases 0..6 span": rounded(max(p[:-1]) - min(p[:-1])) for n, p in pub.PHASE_PROFILES.items()}
     reason = (f"{W8S8}: phases 0..6 span {res[W8S8]['spread']} points [{lo}, {res[W8S8]['ci'][1]}] "
               f"({'above' if verdict == REPRODUCED else 'not above'} {WITHIN_WINDOW:.0f}).")
     return Verdict("C4", verdict, reason, {"runs": res, "published": pub_spread})
@@ -253,13 +236,13 @@ def c7(f: Facts) -> Verdict:
     if not comp or not base:
         return Verdict("C7", UNTESTABLE, "needs knockouts of a full-attention baseline and of a compressed run "
                        "with learned gates and weak phases (gap interval above the baselines').",
-                       {"specificity": {n: _r(v, 3) for n, v in spec.items()}})
+                       {"specificity": {n: rounded(v, 3) for n, v in spec.items()}})
     good = [n for n, v in comp.items() if v >= SPECIFIC] + [n for n, v in base.items() if v <= UNIFORM]
     verdict = REPRODUCED if len(good) == len(comp) + len(base) else NOT_REPRODUCED
     reason = (f"most phase-specific KV head (worst group's relative loss minus the head's mean loss): compressed "
               f"(≥ {SPECIFIC} expected) " + ", ".join(f"{n} {v:.2f}" for n, v in comp.items())
               + f"; full attention (≤ {UNIFORM} expected) " + ", ".join(f"{n} {v:.2f}" for n, v in base.items()) + ".")
-    return Verdict("C7", verdict, reason, {"specificity": {n: _r(v, 3) for n, v in spec.items()},
+    return Verdict("C7", verdict, reason, {"specificity": {n: rounded(v, 3) for n, v in spec.items()},
                                            "tested": sorted([*comp, *base])})
 
 
@@ -293,7 +276,7 @@ def _cycled(c: dict) -> dict:
     """Per-δ R² (with interval) and whether the boundary phase stays weak (at or below the median phase)."""
     b = c["boundary_phase"]
     stays = {d: p[b] <= float(np.median(p)) for d, p in c["profiles"].items() if int(d) != 0}
-    r2 = {int(r["delta"]): [_r(r.get("r2"), 2), _r(r.get("r2_lo"), 2), _r(r.get("r2_hi"), 2)] for r in c["grid"]}
+    r2 = {int(r["delta"]): [rounded(r.get("r2"), 2), rounded(r.get("r2_lo"), 2), rounded(r.get("r2_hi"), 2)] for r in c["grid"]}
     reach = [r.get("r2_hi") is not None and r["r2_hi"] >= pub.CYCLING_R2[0] for r in c["grid"]]
     return {"r2": r2, "in_range": bool(reach) and all(reach),
             "boundary_stays_weak": all(stays.values()) and bool(stays)}
@@ -327,8 +310,14 @@ def c10(f: Facts) -> Verdict:
     return Verdict("C10", REPRODUCED if held else NOT_REPRODUCED, reason, {"checks": parts})
 
 
-RULES = (c1, c2, c3, c4, c5, c6, c7, c8, c9, c10)
-SEEDLESS = (c10,)  # claims about the idealised model, not about trained runs: read once, not per seed
+def c11(f: Facts) -> Verdict:
+    """Post-training raises the mean, narrows the gap and keeps the period (its own module: `report.posttrain`)."""
+    return posttrain.c11(f.posttrain)
+
+
+RULES = (c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11)
+# read once over the whole directory, not per seed: C10 is about the idealised model, C11 reads each seed's pair itself
+SEEDLESS = (c10, c11)
 
 
 def by_seed(f: Facts) -> dict[int, Facts]:
@@ -445,4 +434,4 @@ def facts(study: Study) -> Facts:
     return Facts(lookup={p: _named(study, st) for p, st in study.lookup.items() if st},
                  knockout=_named(study, an.get("knockout", {})), gates=_named(study, an.get("gates", {})),
                  cycle={n: c for n, c in cycle.items() if c["boundary_phase"] is not None},
-                 theory={k: st.summary for k, st in study.theory.items()})
+                 theory={k: st.summary for k, st in study.theory.items()}, posttrain=posttrain.pairs(study))

@@ -14,8 +14,10 @@
     DIR/compare/                          cache, cost and gap side by side (`phasekv compare`, phasekv.compare/1)
     DIR/repair/                           the repair's goals per design (`phasekv repair`, phasekv.repair/2):
                                           goals.json, frontier.png, prefix/ and in-sequence/ comparisons
+    DIR/posttrain/<alias>/                the model post-trained in miniature (claim C11): run/, eval/lookup-<padding>/,
+                                          summary.json (`phasekv.demo.stages.posttrain`)
     DIR/report/index.html                 the report; DIR/report/figures/*.png its figures as PNG
-    DIR/report/claims.json, grid.csv      the verdicts on the study's claims C1-C10; the grid table (Figure 2)
+    DIR/report/claims.json, grid.csv      the verdicts on the study's claims C1-C11; the grid table (Figure 2)
     DIR/report/family.md                  the section "The family" as Markdown (a family run)
 
 `<alias>` is the model's ASCII alias (`w8s8-1kv`), so directory names stay portable.
@@ -30,6 +32,7 @@ from phasekv.eval.protocols import FLIP, LOOKUP
 ANALYSES = ("knockout", "gates", "cycle", "family")
 THEORY_CHECKS = ("minimisers", "flow", "coverage")
 RESULTS, SUMMARY = "results.parquet", "summary.json"
+POSTTRAIN = "posttrain"  # DIR/posttrain/<alias>/: the model <alias> post-trained in miniature
 
 
 class Layout:
@@ -73,6 +76,12 @@ class Layout:
     @property
     def repair(self) -> Path:
         return self.root / "repair"
+
+    def posttrain(self, alias: str) -> Path:
+        return self.root / POSTTRAIN / alias
+
+    def posttrain_lookup(self, alias: str, padding: str) -> Path:
+        return self.posttrain(alias) / "eval" / LOOKUP.stage(padding)
 
     @property
     def report(self) -> Path:

@@ -25,7 +25,7 @@ def _read(path: Path) -> Path:
 
 
 def claims_markdown(root: str | Path) -> str:
-    """One row per claim C1-C10: verdict and the measured evidence in words."""
+    """One row per claim C1-C11: verdict and the measured evidence in words."""
     rows = json.loads(_read(Layout(root).claims).read_text())
     lines = ["| claim | verdict | measured here |", "|---|---|---|"]
     return "\n".join(lines + [f"| {c['claim']} | {c['verdict']} | {c['reason']} |" for c in rows])

@@ -81,17 +81,18 @@ def validate(model: nn.Module, stream, cfg: TrainConfig, device, autocast: bool,
     return {"val_loss": tot / max(n, 1)}
 
 
-def train(config: TrainConfig | None = None, *, resume: bool = False, **overrides) -> dict:
+def train(config: TrainConfig | None = None, *, resume: bool = False, until: int | None = None, **overrides) -> dict:
     """Train one model; returns the run summary (also written to `DIR/done.json`).
 
     `config` (a TrainConfig) and/or keyword overrides of its fields (`data`, `tokenizer`, `recall_mix`
     and `recall` go to the data config). With `resume=True` an existing run directory continues from its
-    latest checkpoint, bit for bit on CPU.
+    latest checkpoint, bit for bit on CPU. `until`: stop after that step with a checkpoint there (the run, its
+    schedule over all its steps, resumes from it exactly; `phasekv posttrain` evaluates between such stops).
     """
     cfg, resuming = resolve_config(config, resume, overrides)
     dist = init_dist(cfg.device)
     try:
-        return Trainer(cfg, resuming, dist).run()
+        return Trainer(cfg, resuming, dist).run(until)
     finally:
         dist.close()
 
@@ -217,15 +218,17 @@ class Trainer:
         with eager(self.model, self.cfg, self.device):
             return validate(self.model, self.val_stream, self.cfg, self.device, self.autocast, self.run_model.hf)
 
-    def run(self) -> dict:
+    def run(self, until: int | None = None) -> dict:
+        """Train to the last step (the summary, done.json) or, `until`, stop after that step (`stopped`)."""
         cfg, n_steps, gate_steps = self.cfg, self.cfg.total_steps, self.cfg.gate_schedule()
+        stop = n_steps if until is None else min(until, n_steps)
         if self.step == 0 and 0 in gate_steps:
             self.snapshot()
         clock, summary = Clock(self.step, cfg.batch_size * cfg.seq_len), {}
         self.wrapped.train()
         with progress_bar(cfg.progress and self.dist.main) as bar:
             task = bar.add_task("train", total=n_steps, completed=self.step, info="")
-            while self.step < n_steps:
+            while self.step < stop:
                 row = self.train_step()
                 if self.step % cfg.log_every == 0 or self.step == n_steps:
                     row |= clock.tick(self.step)
@@ -240,7 +243,19 @@ class Trainer:
                 if (cfg.ckpt_every and self.step % cfg.ckpt_every == 0) or self.step == n_steps:
                     self.save()
                 bar.update(task, completed=self.step)
+        if self.step < n_steps:
+            return self.stopped()
         return self._finish(summary or self._validate(), clock)
+
+    def stopped(self) -> dict:
+        """Stopped before the last step: a checkpoint at this step, no done.json. None at step 0: torch's state-dict
+        API initialises an optimizer that has no state with a step, and the run would no longer resume exactly."""
+        latest = ck.latest_checkpoint(self.out)
+        if self.step and (latest is None or ck.read_trainer_state(latest)["step"] != self.step):
+            self.save()
+        self.logs.close()
+        return {"name": self.run_model.name, "stopped": self.step, "steps": self.cfg.total_steps, "final_loss": self.loss,
+                "out": str(self.out), "seed": self.seed}
 
     def _finish(self, validation: dict, clock: Clock) -> dict:
         n_steps = self.cfg.total_steps

@@ -16,7 +16,7 @@ from phasekv.demo.runner import build_tasks, run_plan, run_study
 from phasekv.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
-CLAIMS = [f"C{i}" for i in range(1, 11)]
+CLAIMS = [f"C{i}" for i in range(1, 12)]
 
 
 def test_study_runs_the_papers_grid_at_one_valid_backbone():

@@ -151,7 +151,7 @@ def test_c10_theory_checks():
 @pytest.mark.parametrize("f", [Facts(), facts(**{W8S8: lookup(PERIODIC)})])
 def test_every_claim_gets_a_verdict(f):
     found = [v.to_dict() for v in claims.verdicts(f)]
-    assert [v["claim"] for v in found] == [f"C{i}" for i in range(1, 11)]
+    assert [v["claim"] for v in found] == [f"C{i}" for i in range(1, 12)]
     assert all(v["verdict"] in (REPRODUCED, NOT_REPRODUCED, UNTESTABLE) and v["reason"] and v["text"] for v in found)
 
 
@@ -167,7 +167,7 @@ def test_models_without_a_paper_name_are_left_out(study_dir, tmp_path):
     path.write_text(path.read_text().replace("W8/S8 · 1 KV", "Qwen3-0.6B (HF)"))
     f = claims.facts(load_study(root))
     assert "Qwen3-0.6B (HF)" not in f.lookup["prefix"] and W8S8 in f.lookup["prefix"]
-    assert len(claims.verdicts(f)) == 10
+    assert len(claims.verdicts(f)) == 11
 
 
 def test_cycling_check_reads_an_undefined_r2_as_not_checkable():

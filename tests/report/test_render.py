@@ -191,7 +191,7 @@ def test_markdown_tables_say_what_the_report_says(study_dir):
 
     text = study_markdown(study_dir)
     claims = json.loads((study_dir / "report" / "claims.json").read_text())
-    assert [c["claim"] for c in claims] == [f"C{i}" for i in range(1, 11)]
+    assert [c["claim"] for c in claims] == [f"C{i}" for i in range(1, 12)]
     for c in claims:
         assert f"| {c['claim']} | {c['verdict']} | " in text
     grid = text.split("## The grid")[1]

@@ -100,3 +100,19 @@ def test_existing_run_needs_resume_and_same_settings(tmp_path):
         train(out=str(run), resume=True, **{**opts, "lr": 1e-2})
     s = train(out=str(run), resume=True, **{**opts, "steps": 4})  # a longer run continues
     assert s["steps"] == 4 and latest_checkpoint(run).name == "step_00000004"
+
+
+def test_stopped_at_until_then_resumed_is_the_uninterrupted_run(tmp_path):
+    """`train(until=s)` stops after step s with a checkpoint there (none at 0) and no done.json; continued in
+    pieces, the run ends bit for bit where one uninterrupted run does (its schedule is over all steps)."""
+    opts = dict(FAST, arch=ARCH, steps=10, ckpt_every=100, val_every=0, gate_steps="none")
+    ref = tmp_path / "ref"
+    train(out=str(ref), **opts)
+    run = tmp_path / "run"
+    assert train(out=str(run), resume=True, until=0, **opts)["stopped"] == 0 and latest_checkpoint(run) is None
+    for until in (3, 7):
+        s = train(out=str(run), resume=True, until=until, **opts)
+        assert s["stopped"] == until and not (run / "done.json").exists()
+        assert json.loads((latest_checkpoint(run) / "trainer_state.json").read_text())["step"] == until
+    assert train(out=str(run), resume=True, **opts)["steps"] == 10 and (run / "done.json").is_file()
+    assert_bitwise_equal(final_weights(ref), final_weights(run))
