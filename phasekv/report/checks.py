@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from phasekv import config
+from phasekv.config.names import unseeded
 from phasekv.eval.protocols import LOOKUP
 from phasekv.eval.stats import FLAT, FLAT_MARGIN, flatness
 from phasekv.report.load import Study, retrieval_evals
@@ -113,9 +114,9 @@ def lookup_checks(study: Study, padding: str, protocol: str = LOOKUP.name) -> li
 
 
 def repair_aliases(study: Study) -> set[str]:
-    """The repair designs among the study's models (the demo plan's `repair_models`)."""
-    names = set((study.manifest.get("plan") or {}).get("repair_models") or [])
-    return {a for a, m in study.models.items() if m.name in names}
+    """The repair designs among the study's models (the demo plan's `repair_models`), at every seed."""
+    names = {unseeded(n) for n in (study.manifest.get("plan") or {}).get("repair_models") or []}
+    return {a for a, m in study.models.items() if unseeded(m.name) in names}
 
 
 def _repair_check(name: str, s: dict, base: dict | None, base_name: str | None) -> Check:

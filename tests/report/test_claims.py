@@ -238,3 +238,16 @@ def test_report_reads_a_directory_of_several_seeds(tmp_path):
     assert w8s8.n_seeds == 2 and w8s8.seeds == "42, 43" and w8s8.mean_min <= w8s8["mean"] <= w8s8.mean_max
     assert not grid.model.str.contains("seed").any()
     assert "42, 43" in grid_markdown(root)
+
+
+def test_the_plans_repair_designs_are_found_at_every_seed():
+    """A repair design is left out of the claims at any seed (W3/S2 · 1 KV is flat by design: C1 would count it)."""
+    from types import SimpleNamespace
+
+    from phasekv.report.checks import repair_aliases
+
+    models = {a: SimpleNamespace(name=n) for a, n in [("w3s2-1kv-seed70", "W3/S2 · 1 KV · seed 70"),
+                                                       ("w3s2-1kv", "W3/S2 · 1 KV"),
+                                                       ("w8s8-1kv-seed70", "W8/S8 · 1 KV · seed 70")]}
+    study = SimpleNamespace(manifest={"plan": {"repair_models": ["W3/S2 · 1 KV"]}}, models=models)
+    assert repair_aliases(study) == {"w3s2-1kv-seed70", "w3s2-1kv"}
