@@ -68,9 +68,9 @@ def demo(root: Path) -> None:
     """Each model's lookup at each seed, the learned counts per design, and every claim's verdict at each seed."""
     manifest = json.loads((root / "demo.json").read_text())
     by_design: dict[str, list[bool]] = {}
-    print("| model | seed | prefix: mean | gap [95%] | period | in-sequence: mean | gap [95%] | period | learns | "
-          "periodic with S |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | seed | held-out | prefix: mean | gap [95%] | period | in-sequence: mean | gap [95%] | period | "
+          "learns | periodic with S |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for alias, m in manifest["models"].items():
         s = {p: json.loads((root / "eval" / f"lookup-{p}" / alias / "summary.json").read_text())
              for p in ("prefix", "in-sequence") if (root / "eval" / f"lookup-{p}" / alias / "summary.json").is_file()}
@@ -78,7 +78,8 @@ def demo(root: Path) -> None:
             continue
         ok = learns(m["name"], s)
         by_design.setdefault(unseeded(m["name"]), []).append(ok)
-        print(f"| {unseeded(m['name'])} | {seed_of(m['name'])} | {_gap(s['prefix'])} | "
+        done = json.loads((root / "runs" / alias / "done.json").read_text())
+        print(f"| {unseeded(m['name'])} | {seed_of(m['name'])} | {100 * done['val_accuracy']:.1f}% | {_gap(s['prefix'])} | "
               f"{_gap(s['in-sequence']) if 'in-sequence' in s else ''} | {'yes' if ok else '**no**'} | {periodic(m['name'], s['prefix'])} |")
     print()
     for design, oks in by_design.items():
