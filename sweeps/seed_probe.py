@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -61,6 +62,8 @@ def main() -> None:
     t0 = time.process_time()
     done = run_dir / "done.json"  # a finished training is kept (its evaluation is what is missing)
     trained = done.is_file()
+    if not trained and run_dir.exists():  # cut off: no checkpoint is written (ckpt_every), so it starts again
+        shutil.rmtree(run_dir)
     summary = json.loads(done.read_text()) if trained else train(tc)
     train_cpu = None if trained else time.process_time() - t0
     curve = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
