@@ -14,11 +14,14 @@ import json
 import sys
 from pathlib import Path
 
-from phasekv.config import ModelConfig
-from phasekv.config.names import seed_of, unseeded
+from phasekv.config.names import parse_name, seed_of, unseeded
 from phasekv.eval.stats import FLAT, clopper_pearson, flatness, retrieves
 
 LEARNED_MEAN = 90.0  # full attention's lookup mean that counts as learned
+
+
+def _compressed(model: str) -> bool:
+    return parse_name(model).get("window", 1) > 0  # the name alone: any preset's model
 
 
 def learns(model: str, paddings: dict[str, dict]) -> bool:
@@ -26,19 +29,17 @@ def learns(model: str, paddings: dict[str, dict]) -> bool:
     pre = paddings.get("prefix")
     if pre is None:
         return False
-    cfg = ModelConfig.from_name(model)
-    if not cfg.compressed:
+    if not _compressed(model):
         return pre["mean"] >= LEARNED_MEAN and all(flatness(s["gap_ci"]) == FLAT for s in paddings.values())
     return retrieves(pre["mean_ci"], 100 / 16)  # chance: one of the prompt's 16 records
 
 
 def periodic(model: str, pre: dict) -> str:
     """'yes' when a compressed model's prefix profile has its stride's period (detected, p < 0.05); '' otherwise."""
-    cfg = ModelConfig.from_name(model)
-    if not cfg.compressed:
+    if not _compressed(model):
         return ""
     p = pre.get("p", (pre.get("periodicity") or {}).get("p_value"))
-    return "yes" if pre["detected_period"] == cfg.stride and p is not None and p < 0.05 else "no"
+    return "yes" if pre["detected_period"] == parse_name(model)["stride"] and p is not None and p < 0.05 else "no"
 
 
 def _gap(s: dict) -> str:
