@@ -1,8 +1,8 @@
 """The tables of docs/results/seeds.md, from the runs themselves (Markdown on stdout).
 
-    python sweeps/seeds_tables.py probes runs/seeds/results.jsonl       # sweeps/seed_probe.py's rows
+    python sweeps/seeds_tables.py probes runs/seeds/results.jsonl demo  # sweeps/seed_probe.py's rows (of one plan)
     python sweeps/seeds_tables.py demo runs/demo-seeds                  # each model and claim at each seed
-    python sweeps/seeds_tables.py needle needle_seeds                   # the needle's controls at each seed
+    python sweeps/seeds_tables.py needle runs/needle-70 runs/needle-71  # the needle's chains at each seed
 
 "Learns" is the rule of sweeps/seeds.md: full attention's prefix mean >= 90 and flat under both paddings; a
 compressed model above the retrieval floor (prefix padding). "Periodic": detected period = S and p < 0.05 (prefix).
@@ -51,8 +51,10 @@ def rate(k: int, n: int) -> str:
     return f"{k} of {n} (exact 95%: {100 * lo:.0f}-{100 * hi:.0f}%)"
 
 
-def probes(path: Path) -> None:
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
+def probes(path: str, plan: str | None = None) -> None:
+    """sweeps/seed_probe.py's rows, those of one plan ("demo", "study") when `plan` is given."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    rows = [r for r in rows if plan is None or r["plan"] == plan]
     print("| model | recipe | seed | held-out (last) | left the plateau | prefix: mean | gap [95%] | period | "
           "in-sequence gap | learns |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -65,8 +67,9 @@ def probes(path: Path) -> None:
               f"{'yes' if learns(r['model'], {k: r[k] for k in ('prefix', 'in-sequence') if k in r}) else 'no'} |")
 
 
-def demo(root: Path) -> None:
+def demo(root: str) -> None:
     """Each model's lookup at each seed, the learned counts per design, and every claim's verdict at each seed."""
+    root = Path(root)
     manifest = json.loads((root / "demo.json").read_text())
     by_design: dict[str, list[bool]] = {}
     print("| model | seed | held-out | prefix: mean | gap [95%] | period | in-sequence: mean | gap [95%] | period | "
@@ -98,16 +101,54 @@ def demo(root: Path) -> None:
               + " | ".join(cells) + " |")
 
 
-def needle(root: Path) -> None:
-    rows = json.loads((root / "needle.json").read_text())["controls"]
-    print("| model | seed | context | mean [95%] | gap [95%] | period | p at S | audit (exit) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        p = "" if r["period_p_value"] is None else f"{r['period_p_value']:.4f}"
-        print(f"| {unseeded(r['model'])} | {seed_of(r['model'])} | {r['context']:,} | {r['mean']:.1f} "
-              f"[{r['mean_ci'][0]:.1f}, {r['mean_ci'][1]:.1f}] | {r['gap']:.1f} [{r['gap_ci'][0]:.1f}, "
-              f"{r['gap_ci'][1]:.1f}] | {r['detected_period']} | {p} | {r['verdict']} ({r['exit_code']}) |")
+STAGES = ("demo", "base", "256", "1024")  # a needle chain's stages, in order (run directory suffixes)
+
+
+def _held_out(run: Path) -> str:
+    """A chain stage's last held-out accuracy (its training's own validation), or '–' when it did not run."""
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] if run.exists() else []
+    vals = [r["val_accuracy"] for r in rows if "val_accuracy" in r]
+    return f"{100 * vals[-1]:.1f}" if vals else "–"
+
+
+def _needle_role(r: dict) -> tuple[str, bool]:
+    """What a control must show at the training length and whether it does: a compressed chain periodic with its
+    stride (detected period = S, p < 0.05), full attention flat (the audit passes)."""
+    if _compressed(r["model"]):
+        p = r["period_p_value"]
+        return "periodic with S", r["detected_period"] == r["stride"] and p is not None and p < 0.05
+    return "flat", r["exit_code"] == 0
+
+
+def needle(*roots: str) -> None:
+    """Each chain at each seed (several `phasekv study --needle` directories): held-out accuracy after each stage,
+    the audit at the training length, and the controls' rates over seeds."""
+    print("| model | seed | held-out: demo / base / 256 / 1,024 | context | mean [95%] | gap [95%] | period | p at S | "
+          "audit (exit) | shows |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    counts: dict[str, list[int]] = {}
+    for root in map(Path, roots):
+        for r in json.loads((root / "needle.json").read_text())["controls"]:
+            p = "" if r["period_p_value"] is None else f"{r['period_p_value']:.4f}"
+            train = r["context"] < 1024
+            stages = " / ".join(_held_out(root / "runs" / f"{_alias(r['model'])}-{st}") for st in STAGES)
+            role, shown = _needle_role(r)
+            if train:
+                counts.setdefault(f"{unseeded(r['model'])}: {role}", []).append(shown)
+            print(f"| {unseeded(r['model'])} | {seed_of(r['model'])} | {stages if train else ''} | {r['context']:,} | "
+                  f"{r['mean']:.1f} [{r['mean_ci'][0]:.1f}, {r['mean_ci'][1]:.1f}] | {r['gap']:.1f} "
+                  f"[{r['gap_ci'][0]:.1f}, {r['gap_ci'][1]:.1f}] | {r['detected_period']} | {p} | {r['verdict']} "
+                  f"({r['exit_code']}) | {('yes' if shown else 'no') if train else ''} |")
+    print()
+    for what, shown in counts.items():
+        print(f"- {what} at the training length: {rate(sum(shown), len(shown))}")
+
+
+def _alias(model: str) -> str:
+    from phasekv.config import ModelConfig
+
+    return ModelConfig.from_name(model, preset="tiny").alias
 
 
 if __name__ == "__main__":
-    {"probes": probes, "demo": demo, "needle": needle}[sys.argv[1]](Path(sys.argv[2]))
+    {"probes": probes, "demo": demo, "needle": needle}[sys.argv[1]](*sys.argv[2:])

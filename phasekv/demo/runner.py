@@ -133,8 +133,7 @@ def family_tasks(lay: Layout, plan: DemoPlan, cfgs: dict[str, ModelConfig]) -> l
 def posttrain_tasks(lay: Layout, plan: DemoPlan, cfgs: dict[str, ModelConfig]) -> list[Task]:
     """Post-training in miniature (claim C11) of every model of a design in `stages.POSTTRAINED`, after its training."""
     designs = {ModelConfig.from_name(d).name for d in stages.POSTTRAINED}
-    return [Task(f"posttrain {alias}", stages.posttrain, {"plan": plan.to_dict(), "run_dir": str(lay.run(alias)),
-                                                           "out": str(lay.posttrain(alias))},
+    return [Task(f"posttrain {alias}", stages.posttrain, {"plan": plan.to_dict(), "root": str(lay.root), "alias": alias},
                  lambda out=lay.posttrain(alias): (out / "summary.json").is_file(), [f"train {alias}"])
             for alias, cfg in cfgs.items() if cfg.replace(seed=ModelConfig.seed).name in designs]
 

@@ -181,26 +181,26 @@ def examples(plan: dict, root: str, aliases: list[str], tokenizer_run: str) -> d
 POSTTRAINED = ("W8/S4 · 1 KV",)  # the designs the plans post-train in miniature for C11 (their seeds too)
 
 
-def posttrain(plan: dict, run_dir: str, out: str, device: str = "cpu") -> dict:
-    """Post-training in miniature (C11): the trained model continued with the repair's recipe for a quarter of its
-    steps at a third of its peak rate (`phasekv.mitigate.posttrain`), then the plan's lookup under both paddings;
-    OUT/summary.json last."""
+def posttrain(plan: dict, root: str, alias: str, device: str = "cpu") -> dict:
+    """Post-training in miniature (C11): the model `alias` of the study directory `root` continued with the repair's
+    recipe for a quarter of its steps at a third of its peak rate (`phasekv.mitigate.posttrain`), then the plan's
+    lookup under both paddings; `Layout.posttrain(alias)`/summary.json last."""
     from phasekv.mitigate import posttrain as pt
     from phasekv.train import train
 
     _setup()
-    base = pt.base_training(Path(run_dir))
+    lay = Layout(root)
+    run_dir, out = lay.run(alias), lay.posttrain(alias)
+    base = pt.base_training(run_dir)
     steps = max(1, round(pt.MINIATURE * base["train"]["steps"]))
-    lay = Layout(Path(out).parents[1])
     recipe = pt.Recipe(lr=pt.MINIATURE_LR * base["train"]["lr"])
-    cfg = pt.continuation(Path(run_dir), Path(out) / "run", pt.Settings(steps=steps, every=steps, stop=False, recipe=recipe))
+    cfg = pt.continuation(run_dir, out / "run", pt.Settings(steps=steps, every=steps, stop=False, recipe=recipe))
     train(dataclasses.replace(cfg, device=device, threads=1), resume=True)
     for padding in LOOKUP.study:
-        retrieval(plan, str(Path(out) / "run"), str(lay.posttrain_lookup(Path(out).name, padding)), LOOKUP.name,
-                  padding, device)
-    summary = {"model": base["name"], "base": run_dir, "steps": steps, "base_steps": base["train"]["steps"],
+        retrieval(plan, str(out / "run"), str(lay.posttrain_lookup(alias, padding)), LOOKUP.name, padding, device)
+    summary = {"model": base["name"], "base": str(run_dir), "steps": steps, "base_steps": base["train"]["steps"],
                "fraction": pt.MINIATURE, "recipe": dataclasses.asdict(cfg)}
-    write_json(Path(out) / "summary.json", summary, default=str)
+    write_json(out / "summary.json", summary, default=str)
     return summary
 
 

@@ -26,7 +26,7 @@ def test_stage_end_to_end(tmp_path):
     stages.train_model(plan, "W8/S4 · 1 KV", str(run))
     for padding in ("prefix", "in-sequence"):
         stages.retrieval(plan, str(run), str(lay.lookup(padding, "w8s4-1kv")), "lookup", padding)
-    s = stages.posttrain(plan, str(run), str(lay.posttrain("w8s4-1kv")))
+    s = stages.posttrain(plan, str(tmp_path), "w8s4-1kv")
     assert (s["steps"], s["base_steps"]) == (8, 30)  # a quarter of the base's steps, rounded
     assert s["recipe"]["data"]["recall"]["gap_prob"] == 0.5 and s["recipe"]["init_from"] == str(run)
     assert s["recipe"]["lr"] == s["recipe"]["min_lr"] == pytest.approx(1e-3)  # a third of the base's peak
