@@ -80,6 +80,11 @@ class NeedlePlan:
     lengths: tuple[int, ...] = (1, 2, 4)  # needle contexts, multiples of the last stage's training length
     per_group: int = 256  # needle prompts per residue mod 8 (a multiple of 64: exact moment matching); a stride of 8
     #                       is tested on residues mod 16 with about as many prompts (the audit's rule)
+    control_per_group: int = 4096  # the same for full attention at the training length, where its claim is "flat":
+    #   a model with no phase structure at all is shown flat (gap's upper bound below δ) in 9 of 40 simulated
+    #   evaluations of 2,048 prompts at 75% accuracy, 24 of 40 at 97%, and 34 of 40 at 75% with 32,768 prompts
+    #   (sweeps/flat_power.py); the seed-70 control (74.7%) failed with 2,048 (gap 6.4 [0.0, 16.4]) and passed with
+    #   32,768 (0.0 [0.0, 0.7]). Its evaluation costs ~4 CPU-minutes at 1,024 tokens; a longer context fewer prompts
     eval_batch: int = 8  # prompts per forward pass
     continues: dict = field(default_factory=dict)
     #   model -> (another model, a stage): the model trains the stages after that one, from the other model's run of
@@ -95,6 +100,11 @@ class NeedlePlan:
     def at_seeds(self, seeds: list[int]) -> NeedlePlan:
         """This plan with every model's chain at each of `seeds` (`phasekv.config.names.at_seeds`)."""
         return dataclasses.replace(self, seeds=list(seeds), models=at_seeds(self.models, seeds))
+
+    def per_group_of(self, stride: int | None, length: int) -> int:
+        """Needle prompts per residue mod 8 for a model of `stride` (None: full attention) at `length` training
+        lengths: the negative control's own size at the training length."""
+        return self.control_per_group if stride is None and length == 1 else self.per_group
 
     @property
     def train_len(self) -> int:
@@ -127,7 +137,7 @@ def plan_for(quick: bool) -> NeedlePlan:
     if not quick:
         return NeedlePlan("full")
     return NeedlePlan("quick", models=["W8/S8 · 1 KV", "Full attention · 1 KV"], stages=QUICK, lengths=(1, 2),
-                      per_group=8, continues={})
+                      per_group=8, control_per_group=16, continues={})
 
 
 def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool = True,
@@ -137,7 +147,10 @@ def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool 
     of them besides the seeds OUT/needle.json already holds."""
     out = Path(out)
     plan = plan or plan_for(quick)
-    plan = gathered(plan, (kept(out / "needle.json") or {}).get("seeds", []), seeds)
+    before = kept(out / "needle.json") or {}
+    plan = gathered(plan, before.get("seeds", []), seeds)
+    asked = {(r["model"], r["context"]): r.get("per_group", 256) for r in before.get("controls", [])}  # the size each
+    #   kept audit was asked for (256 before the plan recorded it)
     rows, profiles, chains = [], [], plan.runs(out / "runs")
     for model, alias, chain in chains:
         for run in chain:
@@ -149,11 +162,12 @@ def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool 
         em = load(chain[-1].out, device="cpu")
         for k in plan.lengths:
             ctx = k * plan.train_len - 1  # prompts of k training lengths: <bos> and the context
-            where = out / f"needle-{ctx}" / alias
-            v = kept(where / "audit.json") or run_audit(
-                em, where, stride=None if em.stride else plan.control_stride, margin=plan.margin, task="needle",
-                per_group=plan.per_group, context=ctx, batch_size=plan.eval_batch, progress=progress)
-            rows.append(control_row(model, ctx, v))
+            where, n = out / f"needle-{ctx}" / alias, plan.per_group_of(em.stride, k)
+            v = kept(where / "audit.json")
+            if v is None or asked.get((model, ctx), n) != n:  # none, or one of another size: (re)done
+                v = run_audit(em, where, stride=None if em.stride else plan.control_stride, margin=plan.margin,
+                              task="needle", per_group=n, context=ctx, batch_size=plan.eval_batch, progress=progress)
+            rows.append(control_row(model, ctx, v) | {"per_group": n})
             if k == 1:
                 s = json.loads((Path(v["evaluation"]) / "summary.json").read_text())
                 profiles.append(profile_rows(alias, model, s, em.stride or plan.control_stride))

@@ -48,6 +48,9 @@ def test_quick_needle_study_end_to_end(tmp_path):
         assert json.loads((out / "runs" / f"{alias}-128" / "config.json").read_text())["train"]["data"]["data"] == "needle"
     assert (out / "runs" / "full-1kv-demo-wide" / "model.safetensors").is_file()  # full attention's widened base
     assert {c["stride"] for c in result["controls"]} == {8}  # the full-attention control tested at period 8 too
+    sizes = {(c["model"], c["context"]): c["per_group"] for c in result["controls"]}
+    assert sizes == {("W8/S8 · 1 KV", 127): 8, ("W8/S8 · 1 KV", 255): 8, ("Full attention · 1 KV", 127): 16,
+                     ("Full attention · 1 KV", 255): 8}  # the negative control's own size at the training length
     assert (out / "curves.png").is_file() and (out / "needle.png").is_file()
     assert "| W8/S8 · 1 KV | 127 |" in (out / "needle.md").read_text()
     # the report reads it: a "Long context" section (the controls' table, each model's audit figure) and markdown
@@ -60,6 +63,14 @@ def test_quick_needle_study_end_to_end(tmp_path):
     assert (out / "report" / "figures" / "needle-full-1kv.png").is_file()
     md = study_markdown(out)
     assert "## Long context" in md and "| W8/S8 · 1 KV | 127 |" in md
+    # an audit kept from a plan of another size is done again; the others are kept
+    audit, other = (out / "needle-127" / a / "audit.json" for a in ("full-1kv", "w8s8-1kv"))
+    result["controls"] = [c | {"per_group": 8} if c["model"] == "Full attention · 1 KV" else c for c in result["controls"]]
+    (out / "needle.json").write_text(json.dumps(result))  # as if its audits had been made at another size
+    stamps = audit.stat().st_mtime_ns, other.stat().st_mtime_ns
+    assert CliRunner().invoke(app, ["study", "--needle", "--quick", "--out", str(out), "--no-progress"]).exit_code == 0
+    assert audit.stat().st_mtime_ns != stamps[0] and other.stat().st_mtime_ns == stamps[1]
+    assert {c["per_group"] for c in json.loads((out / "needle.json").read_text())["controls"]} == {8, 16}
 
 
 def test_needle_study_refuses_options_it_does_not_take(tmp_path):
