@@ -172,14 +172,16 @@ def plan_at(root: Path, plan: DemoPlan, seeds: list[int] | None = None) -> DemoP
 
 
 def task_output(task: Task, lay: Layout) -> Path:
-    """The file or directory a task writes: its `out`, a training's run directory, the repair's and the example
-    prompts' places in the layout."""
+    """The file or directory a task writes: its `out`, a training's run directory, the repair's, the example
+    prompts' and a post-training's places in the layout."""
     if task.fn is stages.train_model:
         return Path(task.kwargs["run_dir"])
     if task.fn is stages.repair:
         return lay.repair
     if task.fn is stages.examples:
         return lay.examples
+    if task.fn is stages.posttrain:
+        return lay.posttrain(task.kwargs["alias"])
     return Path(task.kwargs["out"])
 
 
