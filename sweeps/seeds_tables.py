@@ -123,9 +123,9 @@ def _needle_role(r: dict) -> tuple[str, bool]:
 def needle(*roots: str) -> None:
     """Each chain at each seed (several `phasekv study --needle` directories): held-out accuracy after each stage,
     the audit at the training length, and the controls' rates over seeds."""
-    print("| model | seed | held-out: demo / base / 256 / 1,024 | context | mean [95%] | gap [95%] | period | p at S | "
-          "audit (exit) | shows |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | seed | held-out: demo / base / 256 / 1,024 | context | prompts | mean [95%] | gap [95%] | period | "
+          "p at S | audit (exit) | shows |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     counts: dict[str, list[int]] = {}
     for root in map(Path, roots):
         for r in json.loads((root / "needle.json").read_text())["controls"]:
@@ -136,7 +136,7 @@ def needle(*roots: str) -> None:
             if train:
                 counts.setdefault(f"{unseeded(r['model'])}: {role}", []).append(shown)
             print(f"| {unseeded(r['model'])} | {seed_of(r['model'])} | {stages if train else ''} | {r['context']:,} | "
-                  f"{r['mean']:.1f} [{r['mean_ci'][0]:.1f}, {r['mean_ci'][1]:.1f}] | {r['gap']:.1f} "
+                  f"{r['n_prompts']:,} | {r['mean']:.1f} [{r['mean_ci'][0]:.1f}, {r['mean_ci'][1]:.1f}] | {r['gap']:.1f} "
                   f"[{r['gap_ci'][0]:.1f}, {r['gap_ci'][1]:.1f}] | {r['detected_period']} | {p} | {r['verdict']} "
                   f"({r['exit_code']}) | {('yes' if shown else 'no') if train else ''} |")
     print()
