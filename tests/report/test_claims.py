@@ -86,6 +86,18 @@ def test_c5_persists_without_rope_and_gate():
                                                            "averaging beside Full attention · 1 KV.")
 
 
+def test_a_full_attention_control_below_90_is_not_read():
+    """Full attention that retrieves but half-solves the lookup (the study's 1-KV control at one seed: 59.5) is no
+    reference: the claims that compare with it are not testable, and say why."""
+    half = lookup([60.0] * 8, 0) | {"model_kind": "phasekv"}
+    runs = {FULL1: half, W8S8: lookup(PERIODIC), W8S4: lookup([70, 70, 70, 40], 4)}
+    v2, v6 = claims.c2(facts(**runs)), claims.c6(facts(**runs))
+    assert v2.verdict == v6.verdict == UNTESTABLE and "no full-attention baseline learned" in v2.reason
+    assert "did not learn the lookup (mean 60.0" in v6.reason
+    runs[FULL1] = lookup(FLAT, 0) | {"model_kind": "phasekv"}  # at 90: read
+    assert claims.c6(facts(**runs)).verdict == REPRODUCED
+
+
 def test_c6_overlap_narrows_without_removing():
     runs = {FULL1: lookup(FLAT, 0), W8S8: lookup(PERIODIC), W8S4: lookup([70, 70, 70, 40], 4)}
     assert claims.c6(facts(**runs)).verdict == REPRODUCED
