@@ -59,6 +59,7 @@ STAGES = {
 #   then the needle's words at 96 tokens and the longer stages. From the needle's words directly full attention stayed
 #   on the "any name in the context" plateau (base 18.1%, 256 tokens 3.5%) and W8/S8's chain learned at 1 of 2 fresh
 #   seeds (the other: base 15.8%, 256 tokens 2.4%; docs/results/needle.md, docs/results/seeds.md)
+UNRECORDED_PER_GROUP = 256  # the size of every audit in a needle.json written before it recorded each audit's own
 WIDE = "-wide"  # suffix of the widened copy of a run (`widen`): the next stage's init_from
 QUICK_BASE = {**BASE, "steps": 4, "batch_size": 8, "grad_accum": 1, "warmup": 2, "val_sequences": 8,
               "gate_steps": "none", "recall": {**BASE["recall"], "curriculum": 16}}
@@ -149,8 +150,7 @@ def run_needle(out: Path, quick: bool = False, threads: int = 1, progress: bool 
     plan = plan or plan_for(quick)
     before = kept(out / "needle.json") or {}
     plan = gathered(plan, before.get("seeds", []), seeds)
-    asked = {(r["model"], r["context"]): r.get("per_group", 256) for r in before.get("controls", [])}  # the size each
-    #   kept audit was asked for (256 before the plan recorded it)
+    asked = {(r["model"], r["context"]): r.get("per_group", UNRECORDED_PER_GROUP) for r in before.get("controls", [])}
     rows, profiles, chains = [], [], plan.runs(out / "runs")
     for model, alias, chain in chains:
         for run in chain:
